@@ -1,0 +1,66 @@
+"""Run profiles: how much work a notebook or command does on the hardware at hand.
+
+`MGPU_PROFILE=smoke|cpu|full` picks one; otherwise `full` where CUDA exists and `cpu` elsewhere.
+A profile shrinks data, epochs and width. It never changes the code path.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    width: int                   # channels of the first ResNet stage (64 = the chapter's model)
+    num_epochs: int
+    batch_size: int              # global batch, images per step
+    lr: float
+    train_limit: Optional[int]   # class-balanced training subset; None = all 60,000 images
+    test_limit: Optional[int]    # class-balanced test subset; None = all 10,000 images
+    seeds: tuple[int, ...]       # seeds for comparisons that report mean and spread
+    allow_synthetic: bool        # fall back to synthetic data when no real copy is found
+    about: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile("smoke", width=8, num_epochs=3, batch_size=32, lr=0.05,
+                     train_limit=4000, test_limit=500, seeds=(0, 1), allow_synthetic=True,
+                     about="CI and nbval: seconds per run on 2 CPU cores"),
+    "cpu": Profile("cpu", width=16, num_epochs=5, batch_size=128, lr=0.1,
+                   train_limit=10000, test_limit=2000, seeds=(0, 1, 2), allow_synthetic=False,
+                   about="a laptop without a GPU: a few minutes per run"),
+    "full": Profile("full", width=64, num_epochs=10, batch_size=256, lr=0.1,
+                    train_limit=None, test_limit=None, seeds=(0, 1, 2), allow_synthetic=False,
+                    about="the chapter's settings on GPUs"),
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called `name`; an unknown name is a ValueError listing the valid ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; valid profiles: "
+                         f"{', '.join(PROFILES)}") from None
+
+
+def active_profile() -> Profile:
+    """`MGPU_PROFILE` if set, else `full` with CUDA and `cpu` without."""
+    name = os.environ.get("MGPU_PROFILE", "").strip()
+    if not name:
+        name = "full" if torch.cuda.is_available() else "cpu"
+    return get_profile(name)
+
+
+def banner(profile: Optional[Profile] = None) -> str:
+    """One line for a notebook's setup cell: the active profile and the hardware."""
+    from .devices import describe_devices
+    p = profile or active_profile()
+    return f"profile: {p.name} ({p.about}) | hardware: {describe_devices()}"

@@ -1,0 +1,268 @@
+"""The chapter's `train`, done right: DataParallel over resolved devices, a fresh model per run.
+
+    python -m mgpu_lib train --devices 2 --batch-size 512 --lr 0.2 --epochs 10
+
+Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
+`train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
+and every timer reading follows `torch.cuda.synchronize()`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .data import SOURCES, DeviceLoader, load_fashion_mnist
+from .devices import describe_devices, resolve_devices
+from .model import init_weights, resnet18
+from .profiles import Profile, active_profile
+
+# A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
+# the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
+DIVERGED_LOSS = 4 * math.log(10)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. `devices=None` uses every GPU (or the CPU). Validated on construction."""
+    devices: Optional[int] = None
+    batch_size: int = 256          # global batch: DataParallel splits it across devices
+    lr: float = 0.1
+    num_epochs: int = 10
+    seed: int = 0
+    width: int = 64                # 64 = the chapter's model
+    train_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+    data_source: str = "auto"
+    allow_synthetic: bool = False
+    profile: str = "custom"        # the profile this config came from, recorded with results
+
+    def __post_init__(self):
+        def positive_int(name, value, optional=False):
+            if optional and value is None:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int("devices", self.devices, optional=True)
+        positive_int("batch_size", self.batch_size)
+        positive_int("num_epochs", self.num_epochs)
+        positive_int("width", self.width)
+        positive_int("train_limit", self.train_limit, optional=True)
+        positive_int("test_limit", self.test_limit, optional=True)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.data_source not in SOURCES:
+            raise ValueError(f"data_source must be one of {', '.join(SOURCES)}, "
+                             f"got {self.data_source!r}")
+
+    @classmethod
+    def from_profile(cls, profile: Optional[Profile] = None, **overrides) -> "TrainConfig":
+        """The profile's settings (default: the active one), with `overrides` on top."""
+        p = profile or active_profile()
+        base = dict(batch_size=p.batch_size, lr=p.lr, num_epochs=p.num_epochs, width=p.width,
+                    train_limit=p.train_limit, test_limit=p.test_limit,
+                    allow_synthetic=p.allow_synthetic, profile=p.name)
+        base.update(overrides)
+        return cls(**base)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """What a run measured, epoch by epoch. `status` is "ok" or "diverged"."""
+    config: dict
+    hardware: str
+    num_devices: int
+    data_source: str
+    steps_per_epoch: int
+    test_acc: list = field(default_factory=list)
+    train_loss: list = field(default_factory=list)
+    train_acc: list = field(default_factory=list)
+    epoch_seconds: list = field(default_factory=list)
+    images_per_second: list = field(default_factory=list)
+    status: str = "ok"
+    extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
+
+    @property
+    def final_test_acc(self) -> float:
+        return self.test_acc[-1] if self.test_acc else float("nan")
+
+    @property
+    def sec_per_epoch(self) -> float:
+        return sum(self.epoch_seconds) / len(self.epoch_seconds) if self.epoch_seconds else 0.0
+
+    def summary(self) -> str:
+        """The chapter's summary line, e.g. 'test acc: 0.91, 12.3 sec/epoch on 2 x NVIDIA H200'."""
+        if self.status != "ok":
+            return (f"{self.status} after {len(self.train_loss)} epoch(s) "
+                    f"(lr {self.config['lr']}), on {self.hardware}")
+        return (f"test acc: {self.final_test_acc:.2f}, {self.sec_per_epoch:.1f} sec/epoch "
+                f"on {self.hardware}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainResult":
+        return cls(**d)
+
+    def save(self, path) -> None:
+        """Write JSON atomically: a temporary file in the same folder, then a rename."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path) -> "TrainResult":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write `obj` as JSON so that readers see the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def synchronize(devices) -> None:
+    """Wait for queued GPU work, so a timer reads finished work, not launched work."""
+    for d in devices:
+        if torch.device(d).type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+def evaluate_accuracy(net: nn.Module, data_iter) -> float:
+    """Fraction of correct predictions over `data_iter`, in eval mode, accumulated on device."""
+    device = next(net.parameters()).device
+    net.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    total = 0
+    with torch.inference_mode():
+        for x, y in data_iter:
+            x, y = x.to(device), y.to(device)
+            correct += (net(x).argmax(dim=1) == y).sum()
+            total += y.numel()
+    return correct.item() / max(total, 1)
+
+
+def make_model(config: TrainConfig, device) -> nn.Module:
+    """A fresh, initialized model on `device`; the seed fixes the initial weights."""
+    torch.manual_seed(config.seed)
+    return init_weights(resnet18(width=config.width)).to(device)
+
+
+def train_epoch(net, train_iter, optimizer, loss_fn, device, bar=None):
+    """One pass over `train_iter`. Returns (sum of losses, correct, samples) as tensors/int."""
+    net.train()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    n = 0
+    for x, y in train_iter:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        out = net(x)
+        loss = loss_fn(out, y)
+        loss.backward()
+        optimizer.step()
+        # Accumulate on the device: reading .item() here would stall the GPU every step.
+        loss_sum += loss.detach() * y.numel()
+        correct += (out.argmax(dim=1) == y).sum()
+        n += y.numel()
+        if bar is not None:
+            bar.update(1)
+    return loss_sum, correct, n
+
+
+def train(config: TrainConfig, *, data=None, plot: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices.
+
+    Args:
+        config: what to train.
+        data: `(train_iter, test_iter)`; loaded from `config` when None.
+        plot: show a live plot of test accuracy per epoch (in a notebook).
+        progress: show a progress bar over steps and print the summary line.
+    Returns:
+        A `TrainResult`. A loss that becomes NaN or inf stops the run with status "diverged".
+    """
+    devices = resolve_devices(config.devices)
+    if data is None:
+        data = load_fashion_mnist(config.batch_size, source=config.data_source,
+                                  train_limit=config.train_limit, test_limit=config.test_limit,
+                                  device=devices[0], seed=config.seed,
+                                  allow_synthetic=config.allow_synthetic)
+    train_iter, test_iter = data
+    net = make_model(config, devices[0])          # the chapter forgot this .to(devices[0])
+    net = nn.DataParallel(net, device_ids=devices)  # a pass-through without CUDA
+    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
+                         num_devices=len(devices),
+                         data_source=getattr(train_iter, "source", "custom"),
+                         steps_per_epoch=len(train_iter))
+    live = _live_plot(config, result) if plot else None
+    bar = _progress_bar(config, len(train_iter)) if progress else None
+    try:
+        for epoch in range(config.num_epochs):
+            synchronize(devices)
+            t0 = time.perf_counter()
+            loss_sum, correct, n = train_epoch(net, train_iter, optimizer, loss_fn,
+                                               devices[0], bar)
+            synchronize(devices)
+            seconds = time.perf_counter() - t0
+            loss = loss_sum.item() / n
+            if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+                result.status = "diverged"
+                result.train_loss.append(loss)
+                break
+            result.train_loss.append(loss)
+            result.train_acc.append(correct.item() / n)
+            result.epoch_seconds.append(seconds)
+            result.images_per_second.append(n / seconds)
+            result.test_acc.append(evaluate_accuracy(net, test_iter))
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.test_acc[-1]:.3f}")
+            if live is not None:
+                live.update(result)
+    finally:
+        if bar is not None:
+            bar.close()
+        if live is not None:
+            live.close()
+    if progress:
+        print(result.summary())
+    return result
+
+
+def _progress_bar(config: TrainConfig, steps: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=steps * config.num_epochs, desc="train", unit="step", leave=False,
+                mininterval=0.5)
+
+
+def _live_plot(config: TrainConfig, result: TrainResult):
+    from .plots import LivePlot
+    return LivePlot(num_epochs=config.num_epochs, title=result.hardware)
