@@ -1,0 +1,39 @@
+import pytest
+import torch
+
+from mgpu_lib import devices
+from mgpu_lib.devices import DeviceError, describe_devices, resolve_devices, try_all_gpus
+
+
+def test_try_all_gpus_never_empty():
+    assert len(try_all_gpus()) >= 1
+
+
+def test_cpu_only_machine(monkeypatch):
+    monkeypatch.setattr(devices, "num_gpus", lambda: 0)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    assert try_all_gpus() == [torch.device("cpu")]
+    assert resolve_devices(None) == [torch.device("cpu")]
+    assert resolve_devices(1) == [torch.device("cpu")]
+    with pytest.raises(DeviceError, match=r"2 devices requested .* no GPU"):
+        resolve_devices(2)
+
+
+def test_too_many_gpus_names_what_exists(monkeypatch):
+    monkeypatch.setattr(devices, "num_gpus", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    assert resolve_devices(None) == [torch.device("cuda:0"), torch.device("cuda:1")]
+    with pytest.raises(DeviceError, match=r"16 devices requested but this machine has 2 CUDA "
+                                          r"GPUs \(Fake GPU\)"):
+        resolve_devices(16)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_device_counts(bad):
+    with pytest.raises(DeviceError):
+        resolve_devices(bad)
+
+
+def test_describe_cpu():
+    text = describe_devices([torch.device("cpu")])
+    assert text.startswith("CPU: ") and "threads" in text

@@ -1,0 +1,94 @@
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from mgpu_lib.profiles import PROFILES, active_profile, get_profile
+from mgpu_lib.train import TrainConfig, TrainResult, train
+
+# Chance is 0.10 on ten balanced classes. The smoke profile (width 8, 4,000 images, 3 epochs)
+# measured 0.77 test accuracy on the offline copy; the bar leaves room for seed-to-seed noise.
+SMOKE_ACC_BAR = 0.5
+
+
+def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
+    config = TrainConfig.from_profile(get_profile("smoke"), data_source="local")
+    result = train(config, progress=False)
+    assert result.status == "ok" and result.data_source == "local"
+    assert len(result.test_acc) == config.num_epochs == len(result.epoch_seconds)
+    assert result.final_test_acc > SMOKE_ACC_BAR, result.test_acc
+    assert result.train_loss[-1] < result.train_loss[0]
+    assert result.steps_per_epoch == math.ceil(4000 / 32)
+    assert "test acc:" in result.summary() and "sec/epoch on CPU" in result.summary()
+
+
+def test_same_seed_same_run_and_a_fresh_model_each_call():
+    config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
+                                      train_limit=256, test_limit=100, num_epochs=1)
+    a, b = train(config, progress=False), train(config, progress=False)
+    assert a.train_loss == b.train_loss and a.test_acc == b.test_acc
+
+
+def test_diverging_lr_is_recorded_not_raised():
+    config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
+                                      train_limit=512, test_limit=100, num_epochs=2, lr=50.0)
+    result = train(config, progress=False)
+    assert result.status == "diverged"
+    assert "diverged" in result.summary()
+
+
+def test_result_roundtrip(tmp_path):
+    r = TrainResult(config=TrainConfig().to_dict(), hardware="CPU", num_devices=1,
+                    data_source="local", steps_per_epoch=3, test_acc=[0.5], train_loss=[1.0],
+                    train_acc=[0.4], epoch_seconds=[2.0], images_per_second=[10.0])
+    r.save(tmp_path / "r.json")
+    assert TrainResult.load(tmp_path / "r.json") == r
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]    # no temporary file left
+
+
+@pytest.mark.parametrize("bad", [dict(batch_size=0), dict(lr=-0.1), dict(lr=float("nan")),
+                                 dict(num_epochs=0), dict(devices=0), dict(width=0),
+                                 dict(data_source="web"), dict(train_limit=-5)])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        TrainConfig(**bad)
+
+
+def test_profiles(monkeypatch):
+    monkeypatch.setenv("MGPU_PROFILE", "cpu")
+    assert active_profile() is PROFILES["cpu"]
+    monkeypatch.setenv("MGPU_PROFILE", "huge")
+    with pytest.raises(ValueError, match="valid profiles: smoke, cpu, full"):
+        active_profile()
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mgpu_lib", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "--batch-size: must be a positive integer"),
+    (["--lr", "-1"], "--lr: must be a positive number"),
+    (["--epochs", "0"], "--epochs: must be a positive integer"),
+    (["--profile", "huge"], "unknown profile 'huge'"),
+    (["--devices", "64"], "64 devices requested but this machine has"),
+])
+def test_cli_rejects_bad_values_in_one_line(args, message):
+    p = run_cli("train", *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_cli_trains_and_writes_json(tmp_path):
+    out = tmp_path / "run.json"
+    p = run_cli("train", "--profile", "smoke", "--data-source", "synthetic", "--epochs", "1",
+                "--train-limit", "256", "--test-limit", "100", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "test acc:" in p.stdout
+    saved = json.loads(out.read_text())
+    assert saved["config"]["num_epochs"] == 1 and saved["status"] == "ok"
