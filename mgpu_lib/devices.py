@@ -99,3 +99,9 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
         parts.append(f"CPU: {cpu_name()}, {os.cpu_count()} threads "
                      f"(torch uses {torch.get_num_threads()})")
     return " + ".join(parts)
+
+
+def parameter_devices(net: torch.nn.Module) -> list[str]:
+    """The devices holding `net`'s parameters and buffers, e.g. ['cpu'] or ['cuda:0']."""
+    tensors = list(net.parameters()) + list(net.buffers())
+    return sorted({str(t.device) for t in tensors})
