@@ -1,0 +1,439 @@
+"""Exercise 2: one batch split across devices of different power (a GPU and the CPU).
+
+Give each device a share of the batch proportional to its measured speed, so every shard
+finishes at the same moment: that minimizes the slowest shard's time. Then pay the sync:
+gradients travel to the main device, weights travel back. `best_split` and `worth_it` weigh the
+two with measured numbers; `HeteroDataParallel` does it for real, one replica per device.
+
+On a machine without a GPU, `default_setup()` stands two CPU replicas in for two devices:
+each gets half the cores, and the second idles after its real work as long as a device
+`slowdown` times slower would still be computing. Everything it measures is labelled SIMULATED.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import heapq
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from numbers import Real
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from .data import load_fashion_mnist
+from .devices import cpu_name, describe_devices, num_gpus
+from .train import (DIVERGED_LOSS, TrainConfig, TrainResult, evaluate_accuracy, make_model,
+                    synchronize)
+
+SIMULATED = "SIMULATED"
+
+
+def _check_speeds(speeds: Sequence[float]) -> list[float]:
+    """Speeds as floats; negative, non-finite, non-numeric or all-zero speeds are a ValueError."""
+    speeds = list(speeds)
+    if not speeds:
+        raise ValueError("speeds must name at least one device")
+    for i, s in enumerate(speeds):
+        if isinstance(s, bool) or not isinstance(s, Real) or not math.isfinite(s) or s < 0:
+            raise ValueError(f"speeds must be finite numbers >= 0 (images/s), "
+                             f"got speeds[{i}] = {s!r}")
+    if not any(s > 0 for s in speeds):
+        raise ValueError("all speeds are zero: at least one device must be able to do work")
+    return [float(s) for s in speeds]
+
+
+def split_sizes(total: int, speeds: Sequence[float]) -> list[int]:
+    """Shares of a batch of `total` samples in proportion to `speeds`, by largest remainder.
+
+    The shares always sum to `total`. A zero speed is allowed and means "give it nothing"; a
+    device whose proportional quota is below one sample also gets 0 (one sample would make it
+    the slowest shard), and its quota goes to the others. Exact rational arithmetic, so the
+    answer never depends on float rounding. Ties go to the faster device, then the first.
+    """
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(f"total must be an integer >= 0, got {total!r}")
+    s = [Fraction(v) for v in _check_speeds(speeds)]
+    active = [i for i, v in enumerate(s) if v > 0]
+    while True:   # drop the slowest under-one-sample device until every active one earns one
+        norm = sum(s[i] for i in active)
+        quota = {i: total * s[i] / norm for i in active}
+        low = [i for i in active if quota[i] < 1]
+        if not low or len(active) == 1:
+            break
+        active.remove(min(low, key=lambda i: (s[i], -i)))
+    sizes = [0] * len(s)
+    for i in active:
+        sizes[i] = math.floor(quota[i])
+    by_remainder = sorted(active, key=lambda i: (-(quota[i] - sizes[i]), -s[i], i))
+    for i in by_remainder[:total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def minmax_sizes(total: int, speeds: Sequence[float]) -> list[int]:
+    """Whole-sample shares that minimize the slowest shard's time `max(n_i / s_i)` exactly.
+
+    Each sample goes to the device that would finish it first. Where a slow device's share is a
+    few samples, this can differ from `split_sizes` by one sample, and that sample matters.
+    """
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(f"total must be an integer >= 0, got {total!r}")
+    speeds = _check_speeds(speeds)
+    sizes = [0] * len(speeds)
+    heap = [(1 / s, -s, i) for i, s in enumerate(speeds) if s > 0]
+    heapq.heapify(heap)
+    for _ in range(total):
+        _, neg_s, i = heapq.heappop(heap)
+        sizes[i] += 1
+        heapq.heappush(heap, ((sizes[i] + 1) / -neg_s, neg_s, i))
+    return sizes
+
+
+def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: float) -> float:
+    """Predicted seconds per step: the slowest shard, plus `sync_s` when two or more devices work.
+
+    A device with work and speed 0 never finishes: the answer is `inf`.
+    """
+    speeds = _check_speeds(speeds)
+    if len(sizes) != len(speeds):
+        raise ValueError(f"{len(sizes)} sizes for {len(speeds)} speeds")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ValueError(f"sizes must be integers >= 0, got {list(sizes)}")
+    if not (isinstance(sync_s, Real) and math.isfinite(sync_s) and sync_s >= 0):
+        raise ValueError(f"sync_s must be a finite number >= 0, got {sync_s!r}")
+    shard_s = [n / s if s > 0 else math.inf for n, s in zip(sizes, speeds) if n > 0]
+    busy = len(shard_s)
+    return max(shard_s, default=0.0) + (sync_s if busy > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """A split, its predicted step time, and the fastest device alone for comparison."""
+    sizes: tuple[int, ...]
+    step_s: float       # predicted: slowest shard + sync
+    alone_s: float      # predicted: the whole batch on the fastest device, no sync
+    sync_s: float = 0.0  # the sync paid (0 when only one device has work)
+
+    @property
+    def saved_s(self) -> float:
+        """Compute time the split saves per step, before paying the sync."""
+        return self.alone_s - (self.step_s - self.sync_s)
+
+    @property
+    def speedup(self) -> float:
+        return self.alone_s / self.step_s if self.step_s > 0 else math.inf
+
+    @property
+    def worth_it(self) -> bool:
+        return self.speedup > 1.0
+
+
+def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
+    """The split with the smallest slowest shard (`minmax_sizes`), its predicted step time and
+    its predicted speedup over the fastest device alone."""
+    speeds = _check_speeds(speeds)
+    sizes = minmax_sizes(total, speeds)
+    paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
+    return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
+                     total / max(speeds), paid)
+
+
+def worth_it(total: int, speeds: Sequence[float], sync_s: float) -> tuple[bool, float]:
+    """(does splitting beat the fastest device alone?, the predicted speedup), sync included."""
+    plan = best_split(total, speeds, sync_s)
+    return plan.worth_it, plan.speedup
+
+
+def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
+    """Sample counts for the slower device to try: 0, around `ideal`, up to about 3 x ideal."""
+    top = min(total, max(3 * ideal, points - 1))
+    grid = {round(top * k / (points - 1)) for k in range(points)} | {ideal}
+    return sorted(grid)
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdown: float = 1.0):
+    """Forward and backward of `weight * loss`; returns (mean loss, correct) as tensors.
+
+    `slowdown > 1` is the SIMULATED throttle: after its real work the replica idles for
+    `slowdown - 1` times as long, as a slower device would still be computing. Idling (not
+    repeating work) leaves the cores to the other replica, as a separate device would.
+    """
+    t0 = time.perf_counter()
+    out = net(x)
+    loss = loss_fn(out, y)
+    (loss * weight).backward()
+    if slowdown > 1:
+        synchronize([x.device])
+        time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+    return loss.detach(), (out.argmax(dim=1) == y).sum()
+
+
+def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 5,
+                       warmup: int = 2, slowdown: float = 1.0) -> float:
+    """Images per second for forward plus backward on `device`, after `warmup` steps.
+
+    Works on a copy, so `net` (its weights and BatchNorm statistics) is left untouched.
+    """
+    device = torch.device(device)
+    net = copy.deepcopy(net).to(device).train()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(batch_size, 1, 28, 28, generator=g).to(device)
+    y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+    loss_fn = nn.CrossEntropyLoss()
+    for i in range(warmup + steps):
+        if i == warmup:
+            synchronize([device])
+            t0 = time.perf_counter()
+        net.zero_grad(set_to_none=True)
+        forward_backward(net, x, y, loss_fn, slowdown=slowdown)
+    synchronize([device])
+    return batch_size * steps / (time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def torch_threads(n: Optional[int]):
+    """Run the body with `n` intra-op CPU threads (None: leave as is), then restore."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class HeteroSetup:
+    """Which devices to pair, how to label them, and (when SIMULATED) how to fake a slow one."""
+    devices: tuple[str, ...]
+    names: tuple[str, ...]
+    slowdowns: tuple[float, ...]
+    threads: Optional[int]     # CPU threads while it runs (None: unchanged)
+    simulated: bool
+    label: str                 # printed beside every figure
+
+
+def default_setup(slowdown: float = 3.0) -> HeteroSetup:
+    """`cuda:0` + `cpu` where a GPU exists; else two SIMULATED CPU replicas, one throttled."""
+    if num_gpus():
+        devices = (torch.device("cuda:0"), torch.device("cpu"))
+        return HeteroSetup(("cuda:0", "cpu"), ("GPU", "CPU"), (1.0, 1.0), None, False,
+                           describe_devices(devices))
+    half = max(1, (os.cpu_count() or 2) // 2)
+    label = (f"{SIMULATED}: 2 replicas on {cpu_name()}, {half} thread(s) each; "
+             f"replica B throttled {slowdown:g}x")
+    return HeteroSetup(("cpu", "cpu"), (f"A (fast, {SIMULATED})", f"B (slow, {SIMULATED})"),
+                       (1.0, float(slowdown)), half, True, label)
+
+
+# ---- the heterogeneous data-parallel step ---------------------------------------------------
+
+class HeteroDataParallel:
+    """One replica per device; each batch split by speed; one optimizer step on the main device.
+
+    The shards run concurrently in threads (PyTorch ops release the GIL). Each shard's mean loss
+    is weighted by its share of the batch, so the summed gradients equal the full batch's.
+    BatchNorm: each replica normalizes with its own shard's statistics (as DataParallel does);
+    the running statistics are averaged, weighted by shard size, then copied to every replica.
+    For the running mean of the first BN layer this is exactly the full batch's.
+    Use as a context manager (it owns a thread pool). The optimizer must hold `.module`'s
+    parameters, and `loss_fn` must average over the batch.
+    """
+
+    def __init__(self, net: nn.Module, devices: Sequence, speeds: Sequence[float], *,
+                 slowdowns: Optional[Sequence[float]] = None):
+        self.devices = [torch.device(d) for d in devices]
+        self.speeds = _check_speeds(speeds)
+        self.slowdowns = list(slowdowns or [1.0] * len(self.devices))
+        if not len(self.devices) == len(self.speeds) == len(self.slowdowns):
+            raise ValueError("devices, speeds and slowdowns must have the same length")
+        self.module = net.to(self.devices[0])
+        self.replicas = [self.module] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]
+        self._pool = ThreadPoolExecutor(max_workers=len(self.devices))
+
+    def __enter__(self) -> "HeteroDataParallel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def train(self, mode: bool = True) -> "HeteroDataParallel":
+        for r in self.replicas:
+            r.train(mode)
+        return self
+
+    def eval(self) -> "HeteroDataParallel":
+        return self.train(False)
+
+    def step(self, x, y, optimizer, loss_fn, sizes: Optional[Sequence[int]] = None):
+        """One training step on the batch `(x, y)`; returns (sum of losses, correct) tensors."""
+        sizes = list(sizes) if sizes is not None else split_sizes(len(y), self.speeds)
+        if len(sizes) != len(self.devices) or sum(sizes) != len(y):
+            raise ValueError(f"sizes {sizes} do not split a batch of {len(y)} over "
+                             f"{len(self.devices)} devices")
+        for r in self.replicas:
+            r.zero_grad(set_to_none=True)
+        jobs, start = {}, 0
+        for i, n in enumerate(sizes):
+            if n:
+                jobs[i] = self._pool.submit(self._shard, i, x[start:start + n],
+                                            y[start:start + n], n / len(y), loss_fn)
+            start += n
+        outs = {i: job.result() for i, job in jobs.items()}
+        self._reduce_grads(list(jobs))
+        optimizer.step()
+        self._average_buffers(list(jobs), sizes)
+        self._broadcast()
+        main = self.devices[0]
+        loss_sum = sum(outs[i][0].to(main) * sizes[i] for i in outs)
+        correct = sum(outs[i][1].to(main) for i in outs)
+        return loss_sum, correct
+
+    def _shard(self, i: int, x, y, weight: float, loss_fn):
+        d = self.devices[i]
+        return forward_backward(self.replicas[i], x.to(d, non_blocking=True),
+                                y.to(d, non_blocking=True), loss_fn, weight, self.slowdowns[i])
+
+    def _reduce_grads(self, active: list[int]) -> None:
+        """Sum every active replica's gradients into the main replica's."""
+        with torch.no_grad():
+            for i in active:
+                if i == 0:
+                    continue
+                for p, q in zip(self.module.parameters(), self.replicas[i].parameters()):
+                    if q.grad is None:
+                        continue
+                    g = q.grad.to(p.device, non_blocking=True)
+                    if p.grad is None:
+                        p.grad = g.clone()
+                    else:
+                        p.grad.add_(g)
+
+    def _average_buffers(self, active: list[int], sizes: Sequence[int]) -> None:
+        """Running statistics: shard-size-weighted mean of the replicas that saw data."""
+        if active == [0] or not self.module.training:
+            return
+        total = sum(sizes[i] for i in active)
+        buffers = [list(r.buffers()) for r in self.replicas]
+        with torch.no_grad():
+            for k, b in enumerate(buffers[0]):
+                parts = [buffers[i][k].to(b.device) for i in active]
+                if b.is_floating_point():
+                    b.copy_(sum(p * (sizes[i] / total) for p, i in zip(parts, active)))
+                else:                         # num_batches_tracked: every active one counted
+                    b.copy_(torch.stack(parts).max())
+
+    def _broadcast(self) -> None:
+        """Copy the main replica's weights and buffers to every other replica."""
+        with torch.no_grad():
+            for r in self.replicas[1:]:
+                for q, p in zip(r.parameters(), self.module.parameters()):
+                    q.copy_(p)
+                for q, p in zip(r.buffers(), self.module.buffers()):
+                    q.copy_(p)
+
+
+def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
+    """Seconds per step for the sync alone: gradients to the main device, weights back.
+
+    Leaves the weights as they were (no optimizer step); the main replica's gradients are
+    cleared afterwards.
+    """
+    everyone = list(range(len(hdp.devices)))
+    for r in hdp.replicas:
+        for p in r.parameters():
+            p.grad = torch.ones_like(p)
+    times = []
+    for _ in range(steps + 1):
+        synchronize(hdp.devices)
+        t0 = time.perf_counter()
+        hdp._reduce_grads(everyone)
+        hdp._broadcast()
+        synchronize(hdp.devices)
+        times.append(time.perf_counter() - t0)
+    for r in hdp.replicas:
+        r.zero_grad(set_to_none=True)
+    return sorted(times[1:])[len(times[1:]) // 2]    # median, after one warm-up
+
+
+def time_split(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, sizes: Sequence[int], *,
+               steps: int = 3) -> float:
+    """Measured median seconds per `hdp.step` with the given shard sizes (after one warm-up)."""
+    times = []
+    for _ in range(steps + 1):
+        synchronize(hdp.devices)
+        t0 = time.perf_counter()
+        hdp.step(x, y, optimizer, loss_fn, sizes)
+        synchronize(hdp.devices)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+# ---- a small trainer ------------------------------------------------------------------------
+
+def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, data=None,
+                 progress: bool = True) -> TrainResult:
+    """Train a fresh ResNet-18 with `HeteroDataParallel` over `setup` (default: `default_setup()`).
+
+    Each device's speed is measured first, and every batch is split by `split_sizes`.
+    `config.devices` is not used: the setup names the devices. Prints the summary line.
+    """
+    setup = setup or default_setup()
+    main = torch.device(setup.devices[0])
+    if data is None:
+        data = load_fashion_mnist(config.batch_size, source=config.data_source,
+                                  train_limit=config.train_limit, test_limit=config.test_limit,
+                                  device=main, seed=config.seed,
+                                  allow_synthetic=config.allow_synthetic)
+    train_iter, test_iter = data
+    with torch_threads(setup.threads):
+        net = make_model(config, main)
+        speeds = [measure_throughput(net, d, config.batch_size, steps=2, warmup=1, slowdown=k)
+                  for d, k in zip(setup.devices, setup.slowdowns)]
+        with HeteroDataParallel(net, setup.devices, speeds, slowdowns=setup.slowdowns) as hdp:
+            extra = dict(setup=asdict(setup), speeds=speeds, sync_s=measure_sync(hdp),
+                         sizes=split_sizes(config.batch_size, speeds))
+            result = TrainResult(config=config.to_dict(), hardware=setup.label,
+                                 num_devices=len(setup.devices),
+                                 data_source=getattr(train_iter, "source", "custom"),
+                                 steps_per_epoch=len(train_iter), extra=extra)
+            _fit(hdp, config, train_iter, test_iter, result)
+    if progress:
+        print(result.summary())
+    return result
+
+
+def _fit(hdp: HeteroDataParallel, config: TrainConfig, train_iter, test_iter,
+         result: TrainResult) -> None:
+    optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(config.num_epochs):
+        hdp.train()
+        synchronize(hdp.devices)
+        t0 = time.perf_counter()
+        loss_sum, correct, n = 0.0, 0, 0
+        for x, y in train_iter:
+            step_loss, step_correct = hdp.step(x, y, optimizer, loss_fn)
+            loss_sum, correct, n = loss_sum + step_loss, correct + step_correct, n + len(y)
+        synchronize(hdp.devices)
+        seconds = time.perf_counter() - t0
+        loss = float(loss_sum) / n
+        result.train_loss.append(loss)
+        if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+            result.status = "diverged"
+            return
+        result.train_acc.append(int(correct) / n)
+        result.epoch_seconds.append(seconds)
+        result.images_per_second.append(n / seconds)
+        result.test_acc.append(evaluate_accuracy(hdp.module, test_iter))

@@ -1,0 +1,235 @@
+"""Exercise 2: split arithmetic, the heterogeneous step, its trainer, and the input pipelines."""
+import copy
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
+from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, best_split, default_setup,
+                             measure_sync, measure_throughput, minmax_sizes, predict_hetero_step,
+                             shard_grid, split_sizes, train_hetero, worth_it)
+from mgpu_lib.model import init_weights, resnet18
+from mgpu_lib.pipeline import augment_batch, data_loader, prefetch
+from mgpu_lib.train import TrainConfig
+
+
+# ---- split_sizes --------------------------------------------------------------------------
+
+def test_split_one_device_takes_everything():
+    assert split_sizes(37, [5.0]) == [37]
+    assert minmax_sizes(37, [5.0]) == [37]
+
+
+def test_split_exact_proportions_and_largest_remainder():
+    assert split_sizes(128, [300, 100]) == [96, 32]
+    assert split_sizes(10, [1, 1, 1]) == [4, 3, 3]          # ties: first device
+    assert split_sizes(7, [5, 3, 2]) == [4, 2, 1]           # quotas 3.5, 2.1, 1.4
+
+
+def test_split_zero_speed_device_gets_nothing():
+    assert split_sizes(10, [0, 5]) == [0, 10]
+    assert split_sizes(9, [2, 0, 1]) == [6, 0, 3]
+
+
+def test_split_device_below_one_sample_gets_nothing():
+    # Quota 0.32 < 1: plain largest remainder would hand it the leftover sample (10 s of work
+    # instead of 4); it gets 0 and the others share its quota.
+    assert split_sizes(10, [1, 1, 1, 0.1]) == [4, 3, 3, 0]
+    assert split_sizes(0, [1, 2]) == [0, 0]
+
+
+def test_split_property_random_cases():
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 6)
+        speeds = [rng.choice([0.0, rng.uniform(0.01, 1000)]) for _ in range(n)]
+        if not any(speeds):
+            speeds[rng.randrange(n)] = 1.0
+        total = rng.randint(0, 2000)
+        for sizes in (split_sizes(total, speeds), minmax_sizes(total, speeds)):
+            assert sum(sizes) == total and all(k >= 0 for k in sizes)
+            assert all(k == 0 for k, s in zip(sizes, speeds) if s == 0)
+            for i in range(n):       # a faster device never gets fewer samples
+                for j in range(n):
+                    if speeds[i] > speeds[j]:
+                        assert sizes[i] >= sizes[j], (total, speeds, sizes)
+        # minmax is optimal: one more sample on any device would take at least as long as the
+        # slowest shard, so no split of `total` samples can finish sooner.
+        mm_sizes = minmax_sizes(total, speeds)
+        mm = predict_hetero_step(speeds, mm_sizes, 0.0)
+        assert all((k + 1) / s >= mm - 1e-12 for k, s in zip(mm_sizes, speeds) if s > 0)
+        assert mm <= predict_hetero_step(speeds, split_sizes(total, speeds), 0.0) + 1e-12
+
+
+@pytest.mark.parametrize("total, speeds, match", [
+    (10, [], "at least one"),
+    (10, [0, 0], "all speeds are zero"),
+    (10, [1, -2], r"speeds\[1\]"),
+    (10, [1, float("nan")], "finite"),
+    (10, [float("inf")], "finite"),
+    (10, ["fast", 1], "numbers"),
+    (10, [True, 1], "numbers"),
+    (-1, [1], "total"),
+    (2.5, [1], "total"),
+])
+def test_split_bad_input(total, speeds, match):
+    with pytest.raises(ValueError, match=match):
+        split_sizes(total, speeds)
+
+
+# ---- the cost model -------------------------------------------------------------------------
+
+def test_predict_hetero_step_by_hand():
+    assert predict_hetero_step([300, 100], [96, 32], 0.1) == pytest.approx(0.32 + 0.1)
+    assert predict_hetero_step([300, 100], [64, 64], 0.0) == pytest.approx(0.64)
+    assert predict_hetero_step([300, 100], [128, 0], 0.1) == pytest.approx(128 / 300)  # no sync
+    assert predict_hetero_step([300, 0], [100, 28], 0.0) == math.inf
+    with pytest.raises(ValueError, match="sizes"):
+        predict_hetero_step([1, 2], [3], 0.0)
+    with pytest.raises(ValueError, match="sync_s"):
+        predict_hetero_step([1, 2], [1, 1], -1.0)
+
+
+def test_best_split_and_worth_it_by_hand():
+    # GPU 100x the CPU: the CPU's ideal share is 1/101 of 256 = 2.5 samples.
+    plan = best_split(256, [1000, 10], sync_s=0.01)
+    assert plan.sizes == (254, 2)                      # largest remainder would give (253, 3)
+    assert plan.step_s == pytest.approx(0.254 + 0.01)
+    assert plan.alone_s == pytest.approx(0.256)
+    assert plan.saved_s == pytest.approx(0.002) and plan.sync_s == 0.01   # saves 2 ms, pays 10
+    assert best_split(10, [1000, 10], 0.01).sync_s == 0.0     # CPU earns nothing: no sync
+    assert not plan.worth_it and worth_it(256, [1000, 10], 0.01) == (False, plan.speedup)
+    # Two comparable devices: 96 + 32 finish together in 0.32 s, against 128/300 = 0.427 s.
+    ok, speedup = worth_it(128, [300, 100], 0.01)
+    assert ok and speedup == pytest.approx((128 / 300) / 0.33)
+
+
+def test_shard_grid_spans_the_ideal():
+    grid = shard_grid(256, 3)
+    assert grid[0] == 0 and 3 in grid and grid == sorted(set(grid)) and max(grid) <= 256
+    assert shard_grid(32, 8)[-1] == 24
+
+
+# ---- the heterogeneous step -----------------------------------------------------------------
+
+def _bn_free() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 28 * 28, 10))
+
+
+def _batch(n=16):
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _full_and_hetero_step(net, train_mode, same_loss=True):
+    x, y = _batch()
+    loss_fn = nn.CrossEntropyLoss()
+    ref = copy.deepcopy(net).train(train_mode)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt.zero_grad()
+    ref_loss = loss_fn(ref(x), y)
+    ref_loss.backward()
+    opt.step()
+    with HeteroDataParallel(copy.deepcopy(net), ["cpu", "cpu"], [3, 1]) as hdp:
+        hdp.train(train_mode)
+        assert split_sizes(16, hdp.speeds) == [12, 4]
+        opt = torch.optim.SGD(hdp.module.parameters(), lr=0.5)
+        loss_sum, correct = hdp.step(x, y, opt, loss_fn)
+        if same_loss:     # train-mode BN normalizes each shard by its own statistics
+            assert loss_sum.item() == pytest.approx(16 * ref_loss.item(), rel=1e-5)
+        for p, q in zip(hdp.module.parameters(), hdp.replicas[1].parameters()):
+            assert torch.equal(p, q)                   # replicas re-synchronized
+        return ref, hdp.module, hdp.replicas[1]
+
+
+@pytest.mark.parametrize("make", [_bn_free, lambda: init_weights(resnet18(width=4))],
+                         ids=["bn-free", "resnet-eval-bn"])
+def test_hetero_step_equals_full_batch_step(make):
+    torch.manual_seed(0)
+    net = make()
+    start = copy.deepcopy(net)
+    ref, main, _ = _full_and_hetero_step(net, train_mode=make is _bn_free)
+    for (name, p), q in zip(ref.named_parameters(), main.parameters()):
+        assert (p - q).abs().max().item() < 1e-5, name
+    assert any((p - q).abs().max() > 1e-4 for p, q in zip(ref.parameters(), start.parameters()))
+
+
+def test_hetero_step_batchnorm_running_stats_weighted():
+    torch.manual_seed(0)
+    ref, main, other = _full_and_hetero_step(init_weights(resnet18(width=4)), train_mode=True,
+                                           same_loss=False)
+    # The first BN layer sees the same conv outputs: the shard-size-weighted mean of the shard
+    # means is the full batch's mean, exactly.
+    assert (ref[1].running_mean - main[1].running_mean).abs().max().item() < 1e-6
+    assert int(main[1].num_batches_tracked) == 1
+    for b, c in zip(main.buffers(), other.buffers()):
+        assert torch.equal(b, c)
+
+
+def test_hetero_step_rejects_bad_sizes():
+    x, y = _batch()
+    with HeteroDataParallel(_bn_free(), ["cpu", "cpu"], [1, 1]) as hdp:
+        opt = torch.optim.SGD(hdp.module.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="do not split"):
+            hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[10, 5])
+        hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[0, 16])   # main idle: still a step
+
+
+def test_measurements_leave_the_model_alone():
+    torch.manual_seed(0)
+    net = init_weights(resnet18(width=4))
+    before = copy.deepcopy(net.state_dict())
+    assert measure_throughput(net, "cpu", 8, steps=1, warmup=1) > 0
+    with HeteroDataParallel(net, ["cpu", "cpu"], [1, 1]) as hdp:
+        assert measure_sync(hdp, steps=2) >= 0
+        assert all(p.grad is None for p in hdp.module.parameters())
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_train_hetero_smoke_on_cpu():
+    raw = synthetic_fashion_mnist(256, 64, seed=0)
+    data = (DeviceLoader(raw["train_images"], raw["train_labels"], 32, shuffle=True,
+                         source="synthetic"),
+            DeviceLoader(raw["test_images"], raw["test_labels"], 32, shuffle=False))
+    config = TrainConfig(batch_size=32, lr=0.05, num_epochs=2, width=4)
+    setup = default_setup()
+    result = train_hetero(config, setup=setup, data=data, progress=False)
+    assert result.status == "ok" and len(result.test_acc) == 2
+    assert 0 <= result.final_test_acc <= 1 and all(s > 0 for s in result.epoch_seconds)
+    assert sum(result.extra["sizes"]) == 32 and len(result.extra["speeds"]) == 2
+    if setup.simulated:
+        assert SIMULATED in result.hardware and result.extra["setup"]["slowdowns"][1] > 1
+
+
+# ---- the input pipeline ---------------------------------------------------------------------
+
+def test_augment_batch_is_a_shifted_window_maybe_flipped():
+    x = torch.rand(8, 1, 28, 28)
+    out = augment_batch(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    padded = nn.functional.pad(x, (2, 2, 2, 2))
+    for b in range(8):
+        windows = [padded[b, :, i:i + 28, j:j + 28] for i in range(5) for j in range(5)]
+        assert any(torch.equal(out[b], w) or torch.equal(out[b], w.flip(2)) for w in windows)
+
+
+def test_data_loader_and_prefetch_keep_the_batches():
+    images = torch.randint(0, 256, (40, 28, 28), dtype=torch.uint8)
+    labels = torch.arange(40) % 10
+    batches = list(data_loader(images, labels, 16, 0, device="cpu"))
+    assert [tuple(x.shape) for x, _ in batches] == [(16, 1, 28, 28), (16, 1, 28, 28),
+                                                    (8, 1, 28, 28)]
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(labels.tolist())
+    plain = [(torch.full((2,), i), torch.tensor([i])) for i in range(5)]
+    assert [int(y) for _, y in prefetch(iter(plain), "cpu")] == [0, 1, 2, 3, 4]
+
+    def broken():
+        yield plain[0]
+        raise RuntimeError("bad batch")
+    with pytest.raises(RuntimeError, match="bad batch"):
+        list(prefetch(broken(), "cpu"))
