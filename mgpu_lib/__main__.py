@@ -2,6 +2,7 @@
 
     python -m mgpu_lib train --devices 1 --batch-size 256 --lr 0.1 --epochs 10 --out run.json
     python -m mgpu_lib train --profile smoke
+    python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store results/x.json
 
 Exit codes: 0 done; 2 bad input (one line on stderr); 3 the run diverged (result still written).
 """
@@ -56,10 +57,23 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the TrainResult JSON here")
 
 
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
+                   help="dp: nn.DataParallel in one process (the chapter's); ddp: "
+                        "DistributedDataParallel, one process per device")
+    p.add_argument("--nprocs", type=positive_int, help="DDP processes (default: GPUs, else 2)")
+    p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
+    p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    add_train_args(sub.add_parser("train", help="train the chapter's ResNet-18"))
+    train_parser = sub.add_parser("train", help="train the chapter's ResNet-18")
+    add_train_args(train_parser)
+    add_strategy_args(train_parser)
+    add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"))
+    add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
     return parser
 
 
@@ -79,10 +93,94 @@ def config_from_args(args):
 def cmd_train(args) -> int:
     from .train import train
     config = config_from_args(args)
-    result = train(config, progress=True)
+    if args.strategy == "ddp":
+        result = _train_ddp(config, args)
+        if result is None:
+            return 1
+    elif args.nprocs or args.checkpoint or args.resume:
+        raise ValueError("--nprocs, --checkpoint and --resume need --strategy ddp")
+    else:
+        result = train(config, progress=True)
     if args.out:
         result.save(args.out)
     return 0 if result.status == "ok" else 3
+
+
+def vary_arg(text: str) -> tuple:
+    """`lr=0.05,0.1` -> ("lr", [0.05, 0.1]); ints for counts, floats for lr and warmup."""
+    name, sep, values = text.partition("=")
+    name = {"epochs": "num_epochs"}.get(name.replace("-", "_"), name.replace("-", "_"))
+    if not sep or not values:
+        raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,..., got {text!r}")
+    convert = {"lr": positive_float, "warmup_epochs": float, "nprocs": int}.get(name, positive_int)
+    try:
+        parsed = [convert(v) for v in values.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+    if any(v < 0 for v in parsed):
+        raise argparse.ArgumentTypeError(f"values must not be negative, got {text!r}")
+    return name, parsed
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    add_train_args(p)
+    p.add_argument("--vary", type=vary_arg, action="append", required=True,
+                   help="NAME=V1,V2,... (repeatable): batch_size, lr, num_epochs, devices, "
+                        "warmup_epochs, nprocs (DDP processes; 0 = DataParallel)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--store", required=True, help="JSON store: read, then extended per point")
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import sweep
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    records = sweep(config_from_args(args), dict(args.vary), seeds=seeds, store=args.store,
+                    log=print)
+    print(f"{len(records)} points in {args.store}")
+    return 0
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps per repeat")
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    p.add_argument("--width", type=positive_int, default=64, help="ResNet width (64 = chapter)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="alternating rounds")
+    p.add_argument("--warmup-steps", type=positive_int, default=2)
+    p.add_argument("--workers", type=int, help="reference DataLoader workers (default: 4, "
+                                               "capped at the usable cores)")
+    p.add_argument("--out", help="write the result JSON here")
+
+
+def cmd_bench(args) -> int:
+    from .perf import bench, format_bench
+    from .train import write_json_atomic
+    result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
+                   repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
+                   num_workers=args.workers)
+    print("\n".join(format_bench(result)))
+    if args.out:
+        write_json_atomic(args.out, result)
+    return 0
+
+
+def _train_ddp(config, args):
+    from .ddp import LaunchError, launch
+    from .devices import num_gpus
+    if args.devices is not None:
+        raise ValueError("with --strategy ddp, --nprocs sets the number of processes, "
+                         "not --devices")
+    if args.resume and not args.checkpoint:
+        raise ValueError("--resume needs --checkpoint DIR")
+    try:      # launch echoes rank 0's progress and summary lines
+        return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
+                      resume=args.resume)
+    except LaunchError as e:    # a failed rank: one line, exit code 1
+        print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
+        return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -90,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .devices import DeviceError
     args = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train}[args.command](args)
+        return {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench}[args.command](args)
     except (ValueError, DeviceError, DataError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,9 @@ Sources, in the order `source="auto"` tries them:
 3. `synthetic`: only with `allow_synthetic=True`, and always announced.
 
 Images stay uint8 on the target device; the iterator turns each batch into floats in [0, 1]
-(what the chapter's `ToTensor` does) with no per-sample PIL work.
+(what the chapter's `ToTensor` does) with no per-sample PIL work. `load_fashion_mnist_chapter`
+builds the chapter's own pipeline from the same tensors, for comparison: a `DataLoader` with
+worker processes that turns every image into a PIL image and back through `ToTensor`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -231,9 +234,19 @@ def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
             "or connect to the network and retry.") from None
 
 
+def _subsets(source, root, allow_synthetic, train_limit, test_limit):
+    """The four tensors, cut to the fixed class-balanced subsets, and the source's name."""
+    raw, origin = load_raw(source, root, allow_synthetic)
+    tr = balanced_subset(raw["train_labels"], train_limit)
+    te = balanced_subset(raw["test_labels"], test_limit)
+    return (raw["train_images"][tr], raw["train_labels"][tr],
+            raw["test_images"][te], raw["test_labels"][te], origin)
+
+
 def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
                        train_limit: Optional[int] = None, test_limit: Optional[int] = None,
-                       device=None, seed: int = 0, allow_synthetic: bool = False
+                       device=None, seed: int = 0, allow_synthetic: bool = False,
+                       eval_batch_size: Optional[int] = None
                        ) -> tuple[DeviceLoader, DeviceLoader]:
     """Fashion-MNIST as two device-resident iterators, `(train_iter, test_iter)`.
 
@@ -245,12 +258,86 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
         device: where the images live and batches are produced (default CPU).
         seed: seeds the training shuffle.
         allow_synthetic: let "auto" fall back to synthetic data when nothing real is found.
+        eval_batch_size: the test iterator's batch (default `batch_size`).
     """
-    raw, origin = load_raw(source, root, allow_synthetic)
-    tr = balanced_subset(raw["train_labels"], train_limit)
-    te = balanced_subset(raw["test_labels"], test_limit)
-    train_iter = DeviceLoader(raw["train_images"][tr], raw["train_labels"][tr], batch_size,
-                              shuffle=True, device=device, seed=seed, source=origin)
-    test_iter = DeviceLoader(raw["test_images"][te], raw["test_labels"][te], batch_size,
-                             shuffle=False, device=device, seed=seed, source=origin)
+    xtr, ytr, xte, yte, origin = _subsets(source, root, allow_synthetic, train_limit, test_limit)
+    train_iter = DeviceLoader(xtr, ytr, batch_size, shuffle=True, device=device, seed=seed,
+                              source=origin)
+    test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
+                             device=device, seed=seed, source=origin)
     return train_iter, test_iter
+
+
+class PILImages(Dataset):
+    """uint8 images served the way torchvision's `FashionMNIST` serves them.
+
+    Each item becomes a PIL image and then goes through `ToTensor`: real per-sample work in the
+    loader's worker processes, which is what the chapter's pipeline pays for every image.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        from torchvision import transforms
+        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
+        self.transform = transforms.ToTensor()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
+        return self.transform(image), int(self.labels[i])
+
+
+class ChapterLoader(DataLoader):
+    """A `DataLoader` that also says where its data came from, like `DeviceLoader`."""
+
+    def __init__(self, *args, source: str = "unknown", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.source = source
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.dataset)
+
+
+def chapter_workers(requested: Optional[int] = None) -> int:
+    """Worker processes for the chapter's loader: its 4, but no more than the usable cores.
+
+    D2L's `get_dataloader_workers()` returns 4. On a machine with fewer cores the extra workers
+    only compete with the training threads for the same cores, so the default is capped there.
+    """
+    if requested is not None:
+        if requested < 0:
+            raise ValueError(f"num_workers must be 0 or more, got {requested}")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, cores or 1)
+
+
+def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
+                   source: str = "unknown") -> ChapterLoader:
+    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    workers = chapter_workers(num_workers)
+    return ChapterLoader(PILImages(images, labels), batch_size=batch_size, shuffle=shuffle,
+                         num_workers=workers, generator=torch.Generator().manual_seed(seed),
+                         source=source)
+
+
+def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
+                               train_limit: Optional[int] = None,
+                               test_limit: Optional[int] = None, seed: int = 0,
+                               allow_synthetic: bool = False,
+                               num_workers: Optional[int] = None
+                               ) -> tuple[ChapterLoader, ChapterLoader]:
+    """The same images as `load_fashion_mnist`, through the chapter's own pipeline (on the CPU).
+
+    `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
+    """
+    xtr, ytr, xte, yte, origin = _subsets(source, root, allow_synthetic, train_limit, test_limit)
+    kw = dict(seed=seed, num_workers=num_workers, source=origin)
+    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
+            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

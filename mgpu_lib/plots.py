@@ -86,3 +86,274 @@ def plot_mean_std(xs: Sequence, groups: Sequence[Sequence[float]], *, label: str
     stds = [float(np.std(g)) for g in groups]
     ax.errorbar(xs, means, yerr=stds, fmt=fmt, capsize=4, label=label, color=color)
     return ax
+
+
+def plot_split_curve(counts: Sequence[int], predicted: Sequence[float],
+                     measured: Sequence[float], best: int, *, total: int, name: str = "CPU",
+                     title: str = "", ax=None):
+    """Predicted and measured seconds per step against the slower device's share of the batch,
+    with the predicted optimum marked. Returns the axes."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+    share = [100 * c / total for c in counts]
+    ax.plot(share, [1e3 * t for t in predicted], "-", label="predicted: slowest shard + sync")
+    ax.plot(share, [1e3 * t for t in measured], "o", label="measured")
+    ax.axvline(100 * best / total, color="gray", ls="--",
+               label=f"predicted optimum: {best} of {total}")
+    ax.set_xlabel(f"{name}'s share of the batch (%)")
+    ax.set_ylabel("ms per step")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=8)
+    return ax
+
+
+def draw_split(speeds: Sequence[float], splits: dict, sync_s: float, *,
+               names: Sequence[str], title: str = ""):
+    """A timeline per split: each device's shard as a bar (its length is samples / speed),
+    then the sync. Idle time is the gap before the sync. Returns the figure."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(splits), 1, figsize=(6.5, 1.3 + 1.1 * len(splits)),
+                             sharex=True, squeeze=False)
+    for ax, (label, sizes) in zip(axes[:, 0], splits.items()):
+        ends = [n / s if n else 0.0 for n, s in zip(sizes, speeds)]
+        busy = sum(n > 0 for n in sizes)
+        end = max(ends)
+        for k, (n, t) in enumerate(zip(sizes, ends)):
+            ax.barh(k, 1e3 * t, color=f"C{k}")
+            ax.text(1e3 * t, k, f" {n} samples", va="center", fontsize=8)
+            if busy > 1:
+                ax.barh(k, 1e3 * sync_s, left=1e3 * end, color="gray", hatch="//", alpha=0.5)
+        ax.set_yticks(range(len(sizes)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{label}: {1e3 * (end + (sync_s if busy > 1 else 0)):.1f} ms per step",
+                     fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms (bar = compute; gray hatched = sync: gradients in, weights out)")
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_pipelines(results: Sequence, compute_ips: float, *, title: str = "", ax=None):
+    """Images/s each input pipeline delivers alone and while feeding training, against the
+    compute-only rate. Returns the axes."""
+    import numpy as np
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.4))
+    y = np.arange(len(results))
+    ax.barh(y - 0.2, [r.load_ips for r in results], 0.4, label="input pipeline alone")
+    ax.barh(y + 0.2, [r.train_ips for r in results], 0.4, label="training fed by it")
+    ax.axvline(compute_ips, color="k", ls="--", label="training on one fixed batch")
+    ax.set_yticks(y, [r.name for r in results], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("images per second (log scale)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=8)
+    return ax
+
+
+# --- Sweeps (Exercise 1): accuracy and time on twin axes, mean +- std over seeds -------------
+
+def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Optional[bool] = None):
+    """Final test accuracy (left axis) and seconds per epoch (right axis) against `x`, each as
+    mean +- sample std over seeds. Diverged seeds are marked with a red x at the bottom.
+    Returns (ax, twin_ax)."""
+    import matplotlib.pyplot as plt
+    from .sweep import summarize
+    rows = summarize(records, x)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+    xs = [r["x"] for r in rows]
+    ok = [r for r in rows if r["n"] > r["diverged"]]
+    ax.errorbar([r["x"] for r in ok], [r["acc_mean"] for r in ok],
+                yerr=[r["acc_std"] for r in ok], fmt="o-", capsize=4, color="C0",
+                label="test acc")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel("final test accuracy", color="C0")
+    twin = ax.twinx()
+    twin.errorbar([r["x"] for r in ok], [r["sec_mean"] for r in ok],
+                  yerr=[r["sec_std"] for r in ok], fmt="s--", capsize=4, color="C1",
+                  label="sec/epoch")
+    twin.set_ylabel("seconds per epoch", color="C1")
+    bad = [r for r in rows if r["diverged"]]
+    if bad:
+        lo = ax.get_ylim()[0]
+        ax.plot([r["x"] for r in bad], [lo] * len(bad), "x", color="red", ms=10, mew=2,
+                clip_on=False, label="diverged")
+    if logx if logx is not None else (min(xs) > 0 and max(xs) / min(xs) > 8):
+        ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels()
+    lines2 = twin.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="best", fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax, twin
+
+
+def plot_learning_curves(records: Sequence, x: str, *, metric: str = "test_acc", ax=None,
+                         title: str = ""):
+    """One curve per value of `x`: `metric` per epoch, mean over seeds with a +-std band."""
+    import numpy as np
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+    groups: dict = {}
+    for r in records:
+        if r.status == "ok":
+            groups.setdefault(r.get(x), []).append(r.metrics[metric])
+    for value in sorted(groups):
+        k = min(len(c) for c in groups[value])
+        arr = np.array([c[:k] for c in groups[value]])
+        mean, std = arr.mean(axis=0), arr.std(axis=0, ddof=1) if len(arr) > 1 else 0 * arr[0]
+        epochs = np.arange(1, k + 1)
+        ax.plot(epochs, mean, "o-", ms=3, label=f"{x.replace('_', ' ')} {value:g}")
+        ax.fill_between(epochs, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+# --- Scaling (Exercise 1): the step-time model's predictions --------------------------------
+
+def plot_scaling(rows: Sequence[dict], *, title: str = "", axes=None):
+    """Left: seconds per epoch against devices, DP and DDP. Right: scaling efficiency.
+    `rows` come from `scaling.scaling_table`. Returns the two axes."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    ns = [r["n"] for r in rows]
+    for s, style in (("dp", "s--"), ("ddp", "o-")):
+        axes[0].plot(ns, [r[f"{s}_s"] for r in rows], style, label=s.upper())
+        axes[1].plot(ns, [r[f"{s}_eff"] for r in rows], style, label=s.upper())
+    axes[0].set_ylabel("seconds per epoch")
+    axes[0].set_yscale("log")
+    axes[1].set_ylabel("scaling efficiency")
+    axes[1].set_ylim(0, 1.05)
+    for ax in axes:
+        ax.set_xlabel("devices")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        axes[0].figure.suptitle(title, fontsize=9)
+    return axes
+
+
+def plot_step_breakdown(steps: dict, *, ax=None, title: str = ""):
+    """Stacked bars of one step's parts: {label: scaling.StepTime}, in milliseconds."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
+    labels = list(steps)
+    bottom = [0.0] * len(labels)
+    for part, color in (("compute", "C0"), ("communication", "C3"), ("overhead", "C7")):
+        ms = [getattr(steps[k], part) * 1e3 for k in labels]
+        ax.bar(labels, ms, bottom=bottom, color=color, label=part)
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.set_ylabel("milliseconds per step")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+# --- DDP (chapter 4): a ring all-reduce, step by step ------------------------------------------
+
+def draw_ring_allreduce(n: int = 4, *, title: str = ""):
+    """Each panel is one step of a ring all-reduce over `n` ranks (rows) and `n` gradient
+    chunks (columns); a cell says how many ranks' gradients that copy of the chunk sums, and
+    the cells that just arrived are outlined. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+    from .ddp import ring_allreduce_steps
+    steps = ring_allreduce_steps(n)
+    fig, axes = plt.subplots(1, len(steps), figsize=(1.45 * len(steps), 2.4))
+    previous = steps[0][1]
+    for ax, (label, counts) in zip(axes, steps):
+        ax.imshow(counts, cmap="Blues", vmin=0, vmax=n + 1)
+        for r in range(n):
+            for c in range(n):
+                ax.text(c, r, counts[r][c], ha="center", va="center", fontsize=8,
+                        color="white" if counts[r][c] == n else "black")
+                if counts[r][c] != previous[r][c]:
+                    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=2,
+                                           ec="C3"))
+        previous = counts
+        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=7)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
+        ax.tick_params(length=0, labelleft=ax is axes[0])
+        ax.set_title(label.replace(" ", "\n", 1), fontsize=8)
+    fig.suptitle(title or f"Ring all-reduce over {n} ranks: each step, every rank sends one "
+                 f"chunk (1/{n} of the gradients) to rank + 1; red = just received",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_explorer(records: Sequence, *, title: str = ""):
+    """An ipywidgets explorer: pick a batch size and an lr among `records` (plain runs that
+    finished) and see that point's test-accuracy curve for each seed."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    runs = [r for r in records if r.status == "ok" and not r.options]
+
+    def show(batch_size, lr):
+        chosen = [r for r in runs if r.config["batch_size"] == batch_size and r.config["lr"] == lr]
+        if not chosen:
+            print(f"no stored run with batch {batch_size} and lr {lr:g}")
+            return
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+        for r in sorted(chosen, key=lambda r: r.seed):
+            acc = r.metrics["test_acc"]
+            ax.plot(range(1, len(acc) + 1), acc, "o-", ms=3, label=f"seed {r.seed}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test acc")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(f"batch {batch_size}, lr {lr:g}. {title}", fontsize=8)
+        plt.show()
+
+    return widgets.interactive(show, batch_size=sorted({r.config["batch_size"] for r in runs}),
+                               lr=sorted({r.config["lr"] for r in runs}))
+
+
+def plot_throughput(labels: Sequence[str], images_per_second: Sequence[float],
+                    train_flops_per_image: float, *, peak_tflops: Optional[float] = None,
+                    title: str = "", ax=None):
+    """Roofline-style bars: each loop's achieved TFLOP/s (images/s x FLOPs per trained image),
+    against the device's peak where it is known. Labels carry the images/s."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 0.5 + 0.45 * len(labels)))
+    tflops = [ips * train_flops_per_image / 1e12 for ips in images_per_second]
+    y = range(len(labels))
+    ax.barh(y, tflops, color="tab:blue")
+    ax.set_yticks(list(y), [f"{name}\n{ips:,.0f} images/s"
+                            for name, ips in zip(labels, images_per_second)], fontsize=8)
+    ax.invert_yaxis()
+    if peak_tflops:
+        ax.axvline(peak_tflops, color="tab:red", ls="--", label=f"peak {peak_tflops:g} TFLOP/s")
+        ax.legend(fontsize=8)
+    for i, t in enumerate(tflops):
+        share = f" ({100 * t / peak_tflops:.1f}% of peak)" if peak_tflops else ""
+        ax.text(t, i, f" {t:.3g}{share}", va="center", fontsize=8)
+    ax.set_xlabel("achieved TFLOP/s (training)")
+    ax.set_xlim(0, max(tflops + [peak_tflops or 0]) * 1.35)
+    ax.set_title(title, fontsize=9)
+    ax.figure.tight_layout()
+    return ax.figure

@@ -5,6 +5,11 @@
 Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
 `train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
 and every timer reading follows `torch.cuda.synchronize()`.
+
+By default `train` takes the fast path (`perf.py` decides its switches per device: data on the
+device and no per-step host sync, channels_last, bf16 autocast, cudnn.benchmark, a larger
+evaluation batch). `TrainConfig(fast=False)` runs the chapter's own loop instead: a `DataLoader`
+with `ToTensor` and worker processes, fp32, NCHW, the loss read back after every step.
 """
 from __future__ import annotations
 
@@ -13,16 +18,18 @@ import math
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
-from .data import SOURCES, DeviceLoader, load_fashion_mnist
+from .data import SOURCES, DeviceLoader, load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import describe_devices, resolve_devices
 from .model import init_weights, resnet18
+from .perf import Switches, resolve_switches
 from .profiles import Profile, active_profile
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
@@ -44,6 +51,16 @@ class TrainConfig:
     data_source: str = "auto"
     allow_synthetic: bool = False
     profile: str = "custom"        # the profile this config came from, recorded with results
+    # The fast path (see perf.py). fast=False is the chapter's loop and ignores the switches below;
+    # each switch is True, False, or "auto" (perf.resolve_switches decides for the device).
+    fast: bool = True
+    device_data: Union[bool, str] = "auto"      # batches made on the device, no per-step sync
+    channels_last: Union[bool, str] = "auto"
+    bf16: Union[bool, str] = "auto"             # autocast to bf16; the weights stay fp32
+    cudnn_benchmark: Union[bool, str] = "auto"
+    compile: Union[bool, str] = "auto"          # torch.compile; auto: off (compile time dominates)
+    eval_batch_size: Optional[int] = None       # None: 1024 (at least batch_size) on the fast path
+    num_workers: Optional[int] = None           # chapter loader; None: 4, capped at the cores
 
     def __post_init__(self):
         def positive_int(name, value, optional=False):
@@ -61,6 +78,17 @@ class TrainConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        positive_int("eval_batch_size", self.eval_batch_size, optional=True)
+        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not
+                                             isinstance(self.num_workers, int) or
+                                             self.num_workers < 0):
+            raise ValueError(f"num_workers must be 0 or more, got {self.num_workers!r}")
+        if not isinstance(self.fast, bool):
+            raise ValueError(f"fast must be True or False, got {self.fast!r}")
+        for name in ("device_data", "channels_last", "bf16", "cudnn_benchmark", "compile"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
         if self.data_source not in SOURCES:
             raise ValueError(f"data_source must be one of {', '.join(SOURCES)}, "
                              f"got {self.data_source!r}")
@@ -154,15 +182,40 @@ def synchronize(devices) -> None:
             torch.cuda.synchronize(d)
 
 
-def evaluate_accuracy(net: nn.Module, data_iter) -> float:
-    """Fraction of correct predictions over `data_iter`, in eval mode, accumulated on device."""
+def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    if switches is not None and switches.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y
+
+
+def _autocast(device, switches: Optional[Switches]):
+    on = switches is not None and switches.bf16
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=on)
+
+
+def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
+    """Fraction of correct predictions over `data_iter`, in eval mode.
+
+    Without `switches` (or on the fast path) it runs under `inference_mode` and counts on the
+    device; the reference path counts on the host after every batch, as D2L's
+    `evaluate_accuracy_gpu` does.
+    """
     device = next(net.parameters()).device
     net.eval()
+    if switches is not None and not switches.device_data:
+        correct = total = 0
+        with torch.no_grad():
+            for x, y in data_iter:
+                x, y = x.to(device), y.to(device)
+                correct += int((net(x).argmax(dim=1) == y).sum())
+                total += y.numel()
+        return correct / max(total, 1)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), _autocast(device, switches):
         for x, y in data_iter:
-            x, y = x.to(device), y.to(device)
+            x, y = _prepare(x, y, device, switches)
             correct += (net(x).argmax(dim=1) == y).sum()
             total += y.numel()
     return correct.item() / max(total, 1)
@@ -174,26 +227,71 @@ def make_model(config: TrainConfig, device) -> nn.Module:
     return init_weights(resnet18(width=config.width)).to(device)
 
 
-def train_epoch(net, train_iter, optimizer, loss_fn, device, bar=None):
-    """One pass over `train_iter`. Returns (sum of losses, correct, samples) as tensors/int."""
+def train_epoch(net, train_iter, optimizer, loss_fn, device, bar=None, *,
+                switches: Optional[Switches] = None):
+    """One pass over `train_iter`. Returns (sum of losses, correct, samples) as tensors/int.
+
+    `switches` (from `perf.resolve_switches`) adds channels_last inputs and bf16 autocast; with
+    `device_data` off it reads the loss back after every step, as the chapter's loop does.
+    """
     net.train()
+    sync_each_step = switches is not None and not switches.device_data
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     n = 0
     for x, y in train_iter:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = _prepare(x, y, device, switches)
         optimizer.zero_grad(set_to_none=True)
-        out = net(x)
-        loss = loss_fn(out, y)
+        with _autocast(device, switches):
+            out = net(x)
+            loss = loss_fn(out, y)
         loss.backward()
         optimizer.step()
-        # Accumulate on the device: reading .item() here would stall the GPU every step.
-        loss_sum += loss.detach() * y.numel()
-        correct += (out.argmax(dim=1) == y).sum()
+        if sync_each_step:    # what D2L's Accumulator does: a host round trip every step
+            loss_sum += float(loss.detach()) * y.numel()
+            correct += int((out.argmax(dim=1) == y).sum())
+        else:                 # on the device: reading .item() here would stall the GPU
+            loss_sum += loss.detach().float() * y.numel()
+            correct += (out.argmax(dim=1) == y).sum()
         n += y.numel()
         if bar is not None:
             bar.update(1)
     return loss_sum, correct, n
+
+
+@contextmanager
+def cudnn_benchmark(on: bool):
+    """Let cuDNN time its convolution algorithms for these shapes, then restore the setting."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def load_data(config: TrainConfig, device, switches: Switches):
+    """`(train_iter, test_iter)`: device-resident on the fast path, the chapter's loader else."""
+    common = dict(source=config.data_source, train_limit=config.train_limit,
+                  test_limit=config.test_limit, seed=config.seed,
+                  allow_synthetic=config.allow_synthetic)
+    if switches.device_data:
+        return load_fashion_mnist(config.batch_size, device=device,
+                                  eval_batch_size=switches.eval_batch_size, **common)
+    return load_fashion_mnist_chapter(config.batch_size, num_workers=config.num_workers,
+                                      **common)
+
+
+def build_model(config: TrainConfig, devices, switches: Switches):
+    """`(net, model)`: the initialized network, and what runs it (compiled, DataParallel)."""
+    if switches.compile and len(devices) > 1:
+        raise ValueError("compile=True needs a single device: DataParallel replicates the "
+                         "module every step")
+    net = make_model(config, devices[0])          # the chapter forgot this .to(devices[0])
+    if switches.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    model = torch.compile(net) if switches.compile else net
+    return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
 
 
 def train(config: TrainConfig, *, data=None, plot: bool = False,
@@ -209,44 +307,22 @@ def train(config: TrainConfig, *, data=None, plot: bool = False,
         A `TrainResult`. A loss that becomes NaN or inf stops the run with status "diverged".
     """
     devices = resolve_devices(config.devices)
-    if data is None:
-        data = load_fashion_mnist(config.batch_size, source=config.data_source,
-                                  train_limit=config.train_limit, test_limit=config.test_limit,
-                                  device=devices[0], seed=config.seed,
-                                  allow_synthetic=config.allow_synthetic)
-    train_iter, test_iter = data
-    net = make_model(config, devices[0])          # the chapter forgot this .to(devices[0])
-    net = nn.DataParallel(net, device_ids=devices)  # a pass-through without CUDA
+    switches = resolve_switches(config, devices[0])
+    train_iter, test_iter = data if data is not None else load_data(config, devices[0], switches)
+    _, net = build_model(config, devices, switches)
     optimizer = torch.optim.SGD(net.parameters(), lr=config.lr)
     loss_fn = nn.CrossEntropyLoss()
     result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
                          num_devices=len(devices),
                          data_source=getattr(train_iter, "source", "custom"),
-                         steps_per_epoch=len(train_iter))
+                         steps_per_epoch=len(train_iter),
+                         extra={"switches": switches.to_dict()})
     live = _live_plot(config, result) if plot else None
     bar = _progress_bar(config, len(train_iter)) if progress else None
     try:
-        for epoch in range(config.num_epochs):
-            synchronize(devices)
-            t0 = time.perf_counter()
-            loss_sum, correct, n = train_epoch(net, train_iter, optimizer, loss_fn,
-                                               devices[0], bar)
-            synchronize(devices)
-            seconds = time.perf_counter() - t0
-            loss = loss_sum.item() / n
-            if not math.isfinite(loss) or loss > DIVERGED_LOSS:
-                result.status = "diverged"
-                result.train_loss.append(loss)
-                break
-            result.train_loss.append(loss)
-            result.train_acc.append(correct.item() / n)
-            result.epoch_seconds.append(seconds)
-            result.images_per_second.append(n / seconds)
-            result.test_acc.append(evaluate_accuracy(net, test_iter))
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.test_acc[-1]:.3f}")
-            if live is not None:
-                live.update(result)
+        with cudnn_benchmark(switches.cudnn_benchmark):
+            _epochs(config, net, train_iter, test_iter, optimizer, loss_fn, devices, switches,
+                    result, bar, live)
     finally:
         if bar is not None:
             bar.close()
@@ -255,6 +331,31 @@ def train(config: TrainConfig, *, data=None, plot: bool = False,
     if progress:
         print(result.summary())
     return result
+
+
+def _epochs(config, net, train_iter, test_iter, optimizer, loss_fn, devices, switches,
+            result, bar, live) -> None:
+    for epoch in range(config.num_epochs):
+        synchronize(devices)
+        t0 = time.perf_counter()
+        loss_sum, correct, n = train_epoch(net, train_iter, optimizer, loss_fn,
+                                           devices[0], bar, switches=switches)
+        synchronize(devices)
+        seconds = time.perf_counter() - t0
+        loss = loss_sum.item() / n
+        if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+            result.status = "diverged"
+            result.train_loss.append(loss)
+            break
+        result.train_loss.append(loss)
+        result.train_acc.append(correct.item() / n)
+        result.epoch_seconds.append(seconds)
+        result.images_per_second.append(n / seconds)
+        result.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.test_acc[-1]:.3f}")
+        if live is not None:
+            live.update(result)
 
 
 def _progress_bar(config: TrainConfig, steps: int):

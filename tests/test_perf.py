@@ -1,0 +1,132 @@
+"""The fast path against the chapter's loop: same numbers, switches chosen safely, the bench."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from mgpu_lib import perf
+from mgpu_lib.__main__ import main
+from mgpu_lib.data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
+from mgpu_lib.perf import REFERENCE, Switches, cpu_bf16_support, native_bf16, resolve_switches
+from mgpu_lib.train import TrainConfig, make_model, train, train_epoch
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return synthetic_fashion_mnist(n_train=64, n_test=32, seed=3)
+
+
+def one_step_loss(config, loader, switches):
+    net = make_model(config, "cpu")
+    if switches.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    loss_sum, correct, n = train_epoch(net, loader, optimizer, nn.CrossEntropyLoss(), "cpu",
+                                       switches=switches)
+    return float(loss_sum) / n
+
+
+def test_fast_and_reference_give_the_same_loss(tiny):
+    x, y = tiny["train_images"][:16], tiny["train_labels"][:16]
+    ref_loader = chapter_loader(x, y, 16, shuffle=False, num_workers=0)
+    fast_loader = DeviceLoader(x, y, 16, shuffle=False, device="cpu")
+    (xr, yr), = list(ref_loader)
+    (xf, yf), = list(fast_loader)
+    assert torch.equal(xr, xf) and torch.equal(yr, yf)     # PIL + ToTensor == uint8 / 255
+    config = TrainConfig(width=8, seed=5)
+    fast = Switches(device_data=True, channels_last=True, bf16=False)
+    ref_loss = one_step_loss(config, ref_loader, REFERENCE)
+    fast_loss = one_step_loss(config, fast_loader, fast)
+    assert ref_loss == pytest.approx(fast_loss, abs=1e-4)
+    assert 1.0 < ref_loss < 4.0                            # a real loss, not a zero
+    # (The updated weights are not compared: with the chapter's N(0, 0.01) init, BatchNorm
+    # amplifies rounding, and even fp32 NCHW gradients differ from fp64 ones by about 1%.)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx2", "fma"}, "none"), ({"avx512f", "avx512_bf16"}, "avx512_bf16"),
+    ({"avx512_bf16", "amx_bf16", "amx_tile"}, "amx"), (set(), "none")])
+def test_cpu_bf16_support_reads_flags(flags, expected):
+    assert cpu_bf16_support(flags) == expected
+
+
+def test_auto_never_picks_bf16_on_a_cpu_without_native_support(monkeypatch):
+    assert not native_bf16("cpu", "none")
+    assert native_bf16("cpu", "avx512_bf16") and native_bf16("cpu", "amx")
+    monkeypatch.setattr(perf, "cpu_flags", lambda: {"avx2", "avx512f"})
+    config = TrainConfig(width=4, batch_size=8)
+    assert resolve_switches(config, "cpu").bf16 is False
+    assert resolve_switches(config.replace(bf16=True), "cpu").bf16 is True   # asked for: kept
+
+
+def test_auto_on_cpu_is_fixed_fp32_channels_last(monkeypatch):
+    """No probing: the same config gets the same switches, however busy the machine is."""
+    monkeypatch.setattr(perf, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+    sw = resolve_switches(TrainConfig(width=4, batch_size=8), "cpu")
+    assert sw == Switches(device_data=True, channels_last=True, bf16=False,
+                          cudnn_benchmark=False, compile=False, eval_batch_size=perf.EVAL_BATCH)
+    explicit = resolve_switches(TrainConfig(width=4, batch_size=8, channels_last=False), "cpu")
+    assert not explicit.channels_last
+
+
+def test_reference_config_turns_every_switch_off():
+    config = TrainConfig(fast=False, bf16=True, channels_last=True, compile=True)
+    assert resolve_switches(config, "cpu") == REFERENCE
+    assert REFERENCE.describe() == "DataLoader+ToTensor, NCHW, fp32"
+
+
+@pytest.mark.parametrize("bad", [dict(bf16="yes"), dict(channels_last=1), dict(fast="auto"),
+                                 dict(eval_batch_size=0), dict(num_workers=-1)])
+def test_config_rejects_bad_switches(bad):
+    with pytest.raises(ValueError):
+        TrainConfig(**bad)
+
+
+def test_chapter_workers_is_four_capped_at_the_cores():
+    assert 1 <= chapter_workers() <= 4
+    assert chapter_workers(0) == 0
+    with pytest.raises(ValueError):
+        chapter_workers(-1)
+
+
+def test_train_runs_both_paths():
+    config = TrainConfig(width=4, batch_size=32, num_epochs=1, train_limit=128, test_limit=64,
+                         data_source="synthetic", lr=0.05, channels_last=False, num_workers=1)
+    for fast in (False, True):
+        result = train(config.replace(fast=fast), progress=False)
+        assert result.status == "ok" and 0.0 <= result.final_test_acc <= 1.0
+        assert result.steps_per_epoch == 4
+        assert result.extra["switches"]["device_data"] is fast
+
+
+def test_bench_measures_both_loops(tmp_path):
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--steps", "2", "--repeats", "2", "--warmup-steps", "1",
+                 "--width", "4", "--batch-size", "16", "--device", "cpu", "--workers", "0",
+                 "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert set(result["modes"]) == {"reference", "fast"}
+    for m in result["modes"].values():
+        assert len(m["images_per_second"]) == 2 and m["median"] > 0
+        assert m["peak_tflops"] is None                  # no datasheet peak for a CPU
+    ratio = result["modes"]["fast"]["median"] / result["modes"]["reference"]["median"]
+    assert result["ratio"] == pytest.approx(ratio)
+    assert any("ratio: fast / reference" in line for line in perf.format_bench(result))
+
+
+def test_bench_rejects_a_missing_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["bench", "--device", "cuda", "--steps", "1"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_ablation_modes_start_from_the_reference():
+    fast = Switches(device_data=True, eval_batch_size=1024)
+    modes = perf.ablation_modes(fast, "cpu")
+    names = list(modes)
+    assert modes[names[0]] == REFERENCE and modes[names[-1]] == fast
+    assert modes["+ channels_last"].channels_last and modes["+ channels_last"].device_data
+    assert ("+ bf16 autocast" in modes) == (cpu_bf16_support() != "none")
