@@ -1,0 +1,289 @@
+"""DDP on gloo processes, CPU only: the arithmetic, one step against one process, sharding,
+two "nodes" on one machine, a killed worker and resume, checkpoints, and the CLI."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from mgpu_lib import ddp
+from mgpu_lib.__main__ import main
+from mgpu_lib.profiles import get_profile
+from mgpu_lib.train import TrainConfig, TrainResult, make_model, train_epoch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def source() -> str:
+    """The local copy where there is one (fast, real); synthetic data elsewhere (no network)."""
+    local = os.environ.get("MGPU_FASHION_MNIST_DIR")
+    return "local" if local and Path(local).is_dir() else "synthetic"
+
+
+def tiny(**kw) -> TrainConfig:
+    base = dict(width=4, num_epochs=1, train_limit=400, test_limit=100, data_source=source())
+    base.update(kw)
+    return TrainConfig.from_profile(get_profile("smoke"), **base)
+
+
+# ---- pure functions ---------------------------------------------------------------------------
+
+def test_batch_split_and_threads():
+    assert ddp.local_batch_size(256, 4) == 64
+    with pytest.raises(ValueError, match="does not split evenly over 3 processes"):
+        ddp.local_batch_size(32, 3)
+    assert ddp.cpu_threads(2, cpus=16) == 8
+    assert ddp.cpu_threads(4, cpus=2) == 1
+    assert ddp.choose_backend("gloo") == "gloo"
+    assert ddp.choose_backend("auto") == ("nccl" if torch.cuda.is_available() else "gloo")
+    with pytest.raises(ValueError, match="backend"):
+        ddp.choose_backend("mpi")
+
+
+@pytest.mark.parametrize("n,world", [(4000, 2), (1000, 4)])
+def test_shards_cover_the_subset_exactly_once(n, world):
+    for epoch in (0, 1):
+        shards = [ddp.shard_indices(n, r, world, epoch, seed=0) for r in range(world)]
+        everything = torch.cat(shards)
+        assert len(everything) == n                      # no sample twice ...
+        assert torch.equal(everything.sort().values, torch.arange(n))   # ... none missing
+        assert all(len(s) == n // world for s in shards)
+    # set_epoch reshuffles: epoch 1 is not epoch 0's order
+    assert not torch.equal(ddp.shard_indices(n, 0, world, 0), ddp.shard_indices(n, 0, world, 1))
+
+
+def test_uneven_shards_pad_with_at_most_world_minus_one_repeats():
+    shards = [ddp.shard_indices(10, r, 3, 0) for r in range(3)]
+    assert [len(s) for s in shards] == [4, 4, 4]          # equal steps on every rank
+    everything = torch.cat(shards)
+    assert set(everything.tolist()) == set(range(10)) and len(everything) == 12
+
+
+# ---- one SGD step: 2 ranks on half a batch each == 1 process on the whole batch --------------
+
+def _bn_free_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4),
+                         nn.Flatten(), nn.Linear(4 * 7 * 7, 10))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+
+def _one_step(model, x, y, device="cpu"):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    train_epoch(model, [(x, y)], opt, nn.CrossEntropyLoss(), device)
+
+
+def _rank_step(rank: int, folder: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
+                            world_size=2)
+    try:
+        x, y = _batch()
+        model = nn.parallel.DistributedDataParallel(_bn_free_model())
+        _one_step(model, x[rank * 8:(rank + 1) * 8], y[rank * 8:(rank + 1) * 8])
+        torch.save(model.module.state_dict(), f"{folder}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_half_batches_equal_one_process_on_the_batch(tmp_path):
+    torch.set_num_threads(1)
+    mp.spawn(_rank_step, args=(str(tmp_path),), nprocs=2, join=True)
+    single = _bn_free_model()
+    before = {k: v.clone() for k, v in single.state_dict().items()}
+    _one_step(single, *_batch())
+    for rank in (0, 1):
+        theirs = torch.load(tmp_path / f"rank{rank}.pt")
+        for k, v in single.state_dict().items():
+            assert not torch.equal(v, before[k])         # the step moved every parameter
+            torch.testing.assert_close(theirs[k], v, rtol=0, atol=1e-5)
+
+
+# ---- whole jobs -------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    port, out = _free_port(), tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mgpu-test",
+           "--local-addr=127.0.0.1", "-m", "mgpu_lib.ddp", "--profile", "smoke",
+           "--epochs", "1", "--width", "4", "--train-limit", "400", "--test-limit", "100",
+           "--data-source", source(), "--batch-size", "32", "--lr", "0.05", "--threads", "1", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    nodes = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill() if p.poll() is None else None
+    assert [p.returncode for p in nodes] == [0, 0], logs
+    result = TrainResult.load(out)
+    assert result.extra["world_size"] == 2 and result.extra["backend"] == "gloo"
+    assert result.extra["local_batch_size"] == 16 and len(result.test_acc) == 1
+    assert result.steps_per_epoch == 13                  # 200 images per rank, batches of 16
+
+
+def _rank_pid(rank: int) -> int:
+    """The pid of a DDP worker below this test process whose RANK is `rank`, or 0."""
+    for pid in ddp._descendants(os.getpid()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"mgpu_lib.ddp" in cmdline:
+            return pid
+    return 0
+
+
+def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
+    config = tiny(num_epochs=3, train_limit=2400)
+    ckpt, failure = tmp_path / "ckpt", {}
+
+    def first_run():
+        try:
+            ddp.launch(config, 2, checkpoint=ckpt, timeout_s=150, progress=False)
+        except ddp.LaunchError as e:
+            failure["error"], failure["at"] = str(e), time.monotonic()
+
+    job = threading.Thread(target=first_run)
+    job.start()
+    deadline = time.monotonic() + 120
+    while not (ckpt / ddp.CKPT_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (ckpt / ddp.CKPT_NAME).exists(), "no checkpoint after the first epoch"
+    victim = _rank_pid(1)
+    assert victim, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)                      # mid-epoch 2 (epoch 1 is saved)
+    killed = time.monotonic()
+    job.join(90)
+    assert not job.is_alive() and "error" in failure, "the job outlived its dead rank"
+    assert failure["at"] - killed < 60
+    assert "rank 1" in failure["error"] and "SIGKILL" in failure["error"], failure["error"]
+    time.sleep(0.5)
+    assert _rank_pid(0) == 0 and _rank_pid(1) == 0       # nothing left behind
+    saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
+    assert 1 <= saved < 3
+
+    result = ddp.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150, progress=False)
+    assert result.extra["resumed_from_epoch"] == saved
+    assert len(result.train_loss) == len(result.test_acc) == len(result.epoch_seconds) == 3
+    assert result.status == "ok"
+
+
+def test_failure_message_names_the_root_cause_rank():
+    killed = ["[rank0]: RuntimeError: Connection reset by peer", "Failures:", "  rank      : 0",
+              "  traceback : Signal 15 (SIGTERM) received by PID 11",
+              "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+              "  exitcode  : -9 (pid: 12)", "  traceback : Signal 9 (SIGKILL) received by PID 12"]
+    assert ddp.failure_message(1, killed) == \
+        "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 12"
+    crashed = ["[rank1]: Traceback (most recent call last):",
+               "[rank1]: ZeroDivisionError: division by zero",
+               "[rank0]: RuntimeError: Connection reset by peer",
+               "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
+               "  exitcode  : 1 (pid: 12)", "  traceback : To enable traceback see: ..."]
+    assert ddp.failure_message(1, crashed) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
+    told = ["mgpu_lib.ddp rank 0: error: batch size 30 does not split evenly"]
+    assert ddp.failure_message(1, told) == "DDP rank 0 failed: batch size 30 does not split evenly"
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+def _saved_checkpoint(folder: Path, config: TrainConfig) -> Path:
+    net = make_model(config, "cpu")
+    opt = torch.optim.SGD(net.parameters(), lr=config.lr)
+    result = TrainResult(config=config.to_dict(), hardware="cpu", num_devices=2,
+                         data_source="synthetic", steps_per_epoch=1, test_acc=[0.5],
+                         train_loss=[1.0], train_acc=[0.4], epoch_seconds=[1.0],
+                         images_per_second=[100.0])
+    return ddp.save_checkpoint(folder, net, opt, config, 2, result)
+
+
+def test_checkpoint_round_trip_and_mismatch(tmp_path):
+    config = tiny()
+    _saved_checkpoint(tmp_path, config)
+    assert not list(tmp_path.glob(".*"))                 # the temporary file was renamed
+    state = ddp.load_checkpoint(tmp_path, config.replace(num_epochs=5), 2)   # more epochs: ok
+    net = make_model(config.replace(seed=7), "cpu")
+    result = TrainResult(config={}, hardware="", num_devices=2, data_source="", steps_per_epoch=1)
+    assert ddp.restore(state, net, torch.optim.SGD(net.parameters(), lr=1), result) == 1
+    assert torch.equal(net.state_dict()["0.weight"], state["model"]["0.weight"])
+    assert result.test_acc == [0.5]
+    with pytest.raises(ddp.CheckpointError, match="different run: lr 0.05 != 0.1"):
+        ddp.load_checkpoint(tmp_path, config.replace(lr=0.1), 2)
+    with pytest.raises(ddp.CheckpointError, match="world size 2 != 4"):
+        ddp.load_checkpoint(tmp_path, config, 4)
+    wide = make_model(config.replace(width=8), "cpu")
+    before = {k: v.clone() for k, v in wide.state_dict().items()}
+    with pytest.raises(ddp.CheckpointError, match="does not match this model"):
+        ddp.restore(state, wide, torch.optim.SGD(wide.parameters(), lr=1), result)
+    assert all(torch.equal(v, before[k]) for k, v in wide.state_dict().items())  # untouched
+    assert ddp.load_checkpoint(tmp_path / "none", config, 2) is None
+
+
+def test_truncated_checkpoint_is_refused(tmp_path, capsys):
+    config = tiny()
+    path = _saved_checkpoint(tmp_path, config)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):
+        ddp.load_checkpoint(tmp_path, config, 2)
+    with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):   # before any start
+        ddp.launch(config, 2, checkpoint=tmp_path, resume=True, progress=False)
+    code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke",
+                 "--width", "4", "--train-limit", "400", "--test-limit", "100",
+                 "--data-source", source(), "--checkpoint", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "truncated or corrupt" in err
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+def test_cli_rejects_an_uneven_batch_split(capsys):
+    code = main(["train", "--strategy", "ddp", "--nprocs", "3", "--batch-size", "32",
+                 "--profile", "smoke"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "batch size 32 does not split evenly over 3 processes" in err
+
+
+def test_cli_nprocs_needs_ddp(capsys):
+    assert main(["train", "--nprocs", "2", "--profile", "smoke"]) == 2
+    assert "need --strategy ddp" in capsys.readouterr().err
+
+
+def test_entry_point_needs_torchrun():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    run = subprocess.run([sys.executable, "-m", "mgpu_lib.ddp", "--profile", "smoke"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "run this under torchrun" in run.stderr
+    assert run.stderr.count("\n") == 1
+
+
+def test_ring_allreduce_leaves_every_rank_with_every_sum():
+    for n in (2, 3, 4, 8):
+        steps = ddp.ring_allreduce_steps(n)
+        assert len(steps) == 2 * (n - 1) + 1
+        after_scatter = steps[n - 1][1]         # each rank owns one fully reduced chunk
+        assert all(row.count(n) == 1 for row in after_scatter)
+        assert sorted(row.index(n) for row in after_scatter) == list(range(n))
+        assert steps[-1][1] == [[n] * n for _ in range(n)]
+    assert ddp.allreduce_bytes(1000, 4) == {"ddp_ring_per_device": 6000.0, "dp_gpu0": 24000}
