@@ -1,0 +1,292 @@
+"""How long a training step takes on N devices, DataParallel vs DDP: a model made of numbers.
+
+A step is compute (images x FLOPs per image / achieved FLOP/s), communication (what the
+strategy moves over the link) and overhead (launching kernels, Python threads, the optimizer's
+memory traffic). Everything here is a pure function of numbers: no torch, no model, no GPU.
+`calibrate` fits the compute rate and per-step overhead from measured (batch, seconds) pairs, so
+the model is checked on the hardware at hand before it is trusted for hardware that is absent.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Peak figures of one accelerator (one die), from the vendor's datasheet."""
+    name: str
+    fp32_tflops: float
+    tensor_tflops: Optional[float]   # dense tensor-core peak in `tensor_dtype`; None: no tensor cores
+    tensor_dtype: Optional[str]      # "bf16", or "fp16" where the chip has no bf16
+    mem_gbs: float                   # memory bandwidth, GB/s
+    memory_gb: float
+    source: str
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """What one device can send (and, at the same time, receive) to its neighbour."""
+    name: str
+    gbs: float          # GB/s per direction
+    latency_s: float    # per message (one ring hop)
+    source: str
+
+
+DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
+    DeviceSpec("K80 (one GK210 die)", 4.37, None, None, 240.0, 12.0,
+               "NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s FP32 (GPU Boost), 480 GB/s, 24 GB per "
+               "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16"),
+    DeviceSpec("T4", 8.1, 65.0, "fp16", 320.0, 16.0,
+               "NVIDIA T4 Tensor Core GPU datasheet: 8.1 TFLOP/s FP32, 65 TFLOP/s FP16 mixed "
+               "precision, 320 GB/s. Turing has no bf16"),
+    DeviceSpec("V100 SXM2", 15.7, 125.0, "fp16", 900.0, 32.0,
+               "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s tensor "
+               "(FP16), 900 GB/s HBM2. Volta has no bf16"),
+    DeviceSpec("A100 SXM4 80GB", 19.5, 312.0, "bf16", 2039.0, 80.0,
+               "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 19.5 TFLOP/s FP32, "
+               "312 TFLOP/s BF16 tensor (dense), 2,039 GB/s HBM2e"),
+    DeviceSpec("H100 SXM5", 67.0, 989.0, "bf16", 3350.0, 80.0,
+               "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s FP32, 1,979 TFLOP/s "
+               "BF16 tensor with sparsity (989 dense), 3.35 TB/s HBM3"),
+    DeviceSpec("H200 SXM", 67.0, 989.0, "bf16", 4800.0, 141.0,
+               "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 1,979 TFLOP/s "
+               "BF16 tensor with sparsity (989 dense), 4.8 TB/s HBM3e"),
+]}
+
+LINKS: dict[str, LinkSpec] = {s.name: s for s in [
+    LinkSpec("PCIe gen3 x16", 16.0, 5e-6,
+             "PCI Express 3.0 specification: 8 GT/s x 16 lanes, 128b/130b = 15.75 GB/s per "
+             "direction (~16)"),
+    LinkSpec("PCIe gen4 x16", 32.0, 5e-6,
+             "PCI Express 4.0 specification: 16 GT/s x 16 lanes = 31.5 GB/s per direction (~32)"),
+    LinkSpec("NVLink 2 (V100)", 150.0, 2e-6,
+             "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s total, i.e. 150 GB/s per direction"),
+    LinkSpec("NVLink 3 (A100)", 300.0, 2e-6,
+             "NVIDIA A100 datasheet: NVLink 600 GB/s total, i.e. 300 GB/s per direction"),
+    LinkSpec("NVLink 4 (H100/H200)", 450.0, 2e-6,
+             "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total, i.e. 450 GB/s per direction"),
+]}
+
+
+# Not a datasheet figure: gloo between processes on one machine goes through loopback TCP and
+# shared memory. An assumption for the CPU check, where the model is tiny and this hardly matters.
+GLOO_LOOPBACK = LinkSpec("gloo over loopback (assumed)", 2.0, 50e-6,
+                         "assumption: a few GB/s through the kernel's loopback, ~50 us a message")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model being trained, as numbers. Defaults: the chapter's ResNet-18 (width 64)."""
+    params: int = 11_175_818
+    forward_flops: float = 0.9116e9     # per 28x28 image (mgpu_lib.model.forward_flops)
+    train_factor: float = 3.0           # forward + backward ~ 3 x forward
+    bytes_per_param: int = 4            # fp32 gradients
+    input_bytes: int = 28 * 28 * 4      # one float32 image
+    output_bytes: int = 10 * 4          # ten float32 logits
+
+    @property
+    def train_flops(self) -> float:
+        return self.train_factor * self.forward_flops
+
+    @property
+    def grad_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+
+RESNET18 = Workload()
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Per-step costs that are not FLOPs or link traffic. Assumptions, stated and adjustable."""
+    mfu: float = 0.4             # achieved fraction of FP32 peak at a large per-device batch
+    half_batch: float = 16.0     # per-device batch that reaches half that rate (small kernels
+                                 # leave SMs idle): compute = (batch + half_batch) / rate
+    step_s: float = 2e-3         # launching ~200 kernels per step at ~10 us each
+    thread_s: float = 2e-3       # DataParallel: replicate + Python forward per device, under the GIL
+    overlap: float = 0.5         # DDP: share of backward time that can hide the all-reduce
+    optimizer_passes: float = 3  # SGD reads params and grads, writes params: 3 x bytes / mem BW
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step split into parts (seconds). `communication` is what is NOT hidden by backward."""
+    compute: float
+    communication: float
+    overhead: float
+    hidden: float = 0.0          # communication that overlapped with backward (not in total)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.communication + self.overhead
+
+
+def ring_allreduce_s(nbytes: float, n: int, gbs: float, latency_s: float = 0.0) -> float:
+    """Ring all-reduce: each device sends and receives 2(n-1)/n of the data in 2(n-1) hops."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / (gbs * 1e9) + 2 * (n - 1) * latency_s
+
+
+def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
+    """DataParallel's traffic, all through device 0's one link, every step:
+    broadcast the weights (pipelined: ~ bytes / bw), scatter inputs, gather outputs, and
+    reduce all n-1 gradient copies onto device 0 (bytes arrive one copy after another)."""
+    if n <= 1:
+        return 0.0
+    bw = link.gbs * 1e9
+    broadcast = w.grad_bytes / bw + (n - 1) * link.latency_s
+    scatter_gather = (n - 1) * per_device * (w.input_bytes + w.output_bytes) / bw
+    reduce = (n - 1) * (w.grad_bytes / bw + link.latency_s)
+    return broadcast + scatter_gather + reduce
+
+
+def compute_rate(spec: DeviceSpec, w: Workload, mfu: float) -> float:
+    """Images per second one device trains at `mfu` of its FP32 peak."""
+    return spec.fp32_tflops * 1e12 * mfu / w.train_flops
+
+
+def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, link: LinkSpec,
+                      strategy: str = "ddp", *, workload: Workload = RESNET18,
+                      overheads: Overheads = Overheads(),
+                      images_per_second: Optional[float] = None,
+                      accumulate: int = 1) -> StepTime:
+    """Seconds for one training step of `global_batch` images on `n_devices` devices.
+
+    `accumulate` > 1 (DDP only): gradient accumulation, `global_batch` per micro-step and one
+    all-reduce (under `no_sync`) per `accumulate` micro-steps; the parts are per optimizer step.
+
+    `images_per_second` (one device; e.g. from `calibrate`) overrides the spec's peak x mfu;
+    a calibration's intercept then goes in `overheads.step_s`, with `half_batch=0`.
+    """
+    if strategy not in ("ddp", "dp"):
+        raise ValueError(f"strategy must be 'ddp' or 'dp', got {strategy!r}")
+    if n_devices < 1 or global_batch <= 0:
+        raise ValueError("need n_devices >= 1 and global_batch > 0")
+    w, o = workload, overheads
+    rate = images_per_second or compute_rate(spec, w, o.mfu)
+    per_device = global_batch / n_devices
+    compute = (per_device + o.half_batch) / rate
+    optimizer = o.optimizer_passes * w.grad_bytes / (spec.mem_gbs * 1e9)
+    if accumulate < 1 or (accumulate > 1 and strategy != "ddp"):
+        raise ValueError("accumulate must be >= 1, and > 1 only with strategy 'ddp'")
+    if strategy == "ddp":
+        raw = ring_allreduce_s(w.grad_bytes, n_devices, link.gbs, link.latency_s)
+        backward = compute * (w.train_factor - 1) / w.train_factor   # of the last micro-step
+        hidden = min(raw, o.overlap * backward)
+        return StepTime(accumulate * compute, raw - hidden, accumulate * o.step_s + optimizer,
+                        hidden)
+    threads = o.thread_s * n_devices if n_devices > 1 else 0.0
+    return StepTime(compute, dp_comm_s(w, n_devices, per_device, link),
+                    o.step_s + optimizer + threads)
+
+
+def predict_epoch_time(n_devices: int, global_batch: int, num_images: int, spec: DeviceSpec,
+                       link: LinkSpec, strategy: str = "ddp", **kw) -> float:
+    """Seconds per epoch: ceil(images / global batch) steps (the last one may be short)."""
+    full, rest = divmod(num_images, global_batch)
+    t = full * predict_step_time(n_devices, global_batch, spec, link, strategy, **kw).total
+    if rest:
+        t += predict_step_time(n_devices, rest, spec, link, strategy, **kw).total
+    return t
+
+
+def scaling_efficiency(t1: float, tn: float, n: int) -> float:
+    """Speedup over one device divided by n: t1 / (n * tn), both for the same number of images."""
+    return t1 / (n * tn)
+
+
+def scaling_table(ns: Sequence[int], spec: DeviceSpec, link: LinkSpec, *,
+                  global_batch: Optional[int] = None, per_device_batch: Optional[int] = None,
+                  num_images: int = 60_000, **kw) -> list[dict]:
+    """Seconds per epoch and efficiency for each n, DP and DDP, at a fixed global batch (strong
+    scaling) or a fixed per-device batch (weak scaling: global = n x per-device)."""
+    if (global_batch is None) == (per_device_batch is None):
+        raise ValueError("give exactly one of global_batch and per_device_batch")
+    rows = []
+    for n in ns:
+        gb = global_batch if global_batch is not None else per_device_batch * n
+        gb1 = global_batch if global_batch is not None else per_device_batch
+        row = dict(n=n, global_batch=gb, per_device=gb / n)
+        for s in ("dp", "ddp"):
+            t1 = predict_epoch_time(1, gb1, num_images, spec, link, s, **kw)
+            tn = predict_epoch_time(n, gb, num_images, spec, link, s, **kw)
+            row[f"{s}_s"], row[f"{s}_eff"] = tn, scaling_efficiency(t1, tn, n)
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """step seconds = step_s + batch / images_per_second, fitted by least squares."""
+    images_per_second: float
+    step_s: float
+    rms_error_s: float
+
+    def step_time(self, batch: float) -> float:
+        return self.step_s + batch / self.images_per_second
+
+    def achieved_tflops(self, workload: Workload = RESNET18) -> float:
+        return self.images_per_second * workload.train_flops / 1e12
+
+
+def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
+    """Fit (per-device batch, step seconds) pairs with a line; the intercept is the per-step
+    overhead, the slope the seconds per image. Where the line cannot be trusted (one batch size,
+    a negative intercept, or noise making time fall with batch), fall back to a line through the
+    origin: all cost per image, which is always positive for positive measurements."""
+    pts = [(float(b), float(t)) for b, t in measurements]
+    if not pts or any(b <= 0 or t <= 0 for b, t in pts):
+        raise ValueError("calibrate needs positive (batch, seconds) measurements")
+    n = len(pts)
+    mb, mt = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
+    spread = sum((b - mb) ** 2 for b, _ in pts)
+    slope = sum((b - mb) * (t - mt) for b, t in pts) / spread if spread else 0.0
+    step_s = mt - slope * mb
+    if slope <= 0 or step_s < 0:
+        step_s, slope = 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
+    rms = math.sqrt(sum((step_s + slope * b - t) ** 2 for b, t in pts) / n)
+    return Calibration(1.0 / slope, step_s, rms)
+
+
+def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
+    """For each measurement: calibrate on the others, predict it, report the relative error.
+    An honest check: no point is predicted by a fit that has seen it."""
+    rows = []
+    for i, (b, t) in enumerate(measurements):
+        rest = [m for j, m in enumerate(measurements) if j != i]
+        pred = calibrate(rest).step_time(b)
+        rows.append(dict(batch=b, measured_s=t, predicted_s=pred, error=(pred - t) / t))
+    return rows
+
+
+def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
+             cores: int = 1) -> DeviceSpec:
+    """A DeviceSpec for a CPU from its calibrated rate (split across `cores` worker processes):
+    its 'peak' is what it achieved, so use it with mfu=1."""
+    tflops = cal.achieved_tflops(workload) / cores
+    return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
+
+
+def with_link_bandwidth(link: LinkSpec, gbs: float) -> LinkSpec:
+    """The same link at another bandwidth (e.g. what NCCL really reaches on a shared switch)."""
+    return replace(link, gbs=gbs, name=f"{link.name} at {gbs:g} GB/s")
+
+
+def calibrated_overheads(cal: Calibration) -> Overheads:
+    """Overheads for predictions from a calibration: its intercept is the whole per-step cost
+    (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
+    return Overheads(mfu=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0,
+                     optimizer_passes=0.0)
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """`scaling_table` rows as text: seconds per epoch and efficiency, DP and DDP."""
+    lines = [" devices  global  per device |  DP s/epoch   eff | DDP s/epoch   eff"]
+    for r in rows:
+        lines.append(f"{r['n']:8d} {r['global_batch']:7d} {r['per_device']:11.0f} | "
+                     f"{r['dp_s']:11.1f} {r['dp_eff']:5.0%} | {r['ddp_s']:11.1f} "
+                     f"{r['ddp_eff']:5.0%}")
+    return "\n".join(lines)

@@ -1,0 +1,295 @@
+"""Resumable hyperparameter sweeps, stored as JSON: every finished point survives an interruption.
+
+    python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store results/lr.json --profile cpu
+
+`sweep` trains the cartesian product of `vary` x `seeds`. After each point it rewrites the store
+atomically, so a crash or Ctrl-C loses at most the point in flight, and a rerun skips every point
+already stored (the key is the full config, seed included, plus any sweep option like warmup).
+
+Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
+depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
+config differs from a stored (or just-trained) record only by a smaller `num_epochs` is derived
+from that record by truncation instead of being trained again (its record says `derived_from`).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .train import TrainConfig, TrainResult, train, write_json_atomic
+
+METRICS = ("test_acc", "train_loss", "train_acc", "epoch_seconds", "images_per_second")
+# Sweep axes that are not TrainConfig fields: a linear lr warmup (epochs), and DDP processes
+# through `ddp.launch` (0 = the DataParallel `train`).
+OPTIONS = ("warmup_epochs", "nprocs")
+
+
+@dataclass
+class Record:
+    """One finished sweep point: config (seed included), options, per-epoch metrics, hardware."""
+    key: str
+    config: dict
+    options: dict
+    status: str
+    hardware: str
+    profile: str
+    num_devices: int
+    steps_per_epoch: int
+    data_source: str
+    metrics: dict
+    extra: dict = field(default_factory=dict)
+    derived_from: Optional[str] = None
+
+    @property
+    def seed(self) -> int:
+        return self.config["seed"]
+
+    @property
+    def final_test_acc(self) -> float:
+        acc = self.metrics["test_acc"]
+        return acc[-1] if acc and self.status == "ok" else float("nan")
+
+    @property
+    def sec_per_epoch(self) -> float:
+        s = self.metrics["epoch_seconds"]
+        return sum(s) / len(s) if s else float("nan")
+
+    def get(self, name: str):
+        """A config field or a sweep option by name (what `plot_sweep(x=...)` reads)."""
+        return self.options[name] if name in self.options else self.config[name]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def point_key(config, options: Optional[dict] = None) -> str:
+    """A stable string for a point (a TrainConfig or its dict): the config fields that differ
+    from TrainConfig's defaults, plus non-zero options. Fields added to TrainConfig later (with
+    defaults) therefore leave the keys of stored records unchanged."""
+    d = config.to_dict() if isinstance(config, TrainConfig) else config
+    defaults = TrainConfig().to_dict()
+    cfg = {k: v for k, v in d.items() if k in defaults and v != defaults[k]}
+    if "lr" in cfg:                 # lr 1 and lr 1.0 are one point (JSON writes "1" vs "1.0")
+        cfg["lr"] = float(cfg["lr"])
+    opts = {k: float(v) for k, v in (options or {}).items() if v}
+    return json.dumps({"config": cfg, "options": opts}, sort_keys=True)
+
+
+def record_from_result(result: TrainResult, config: TrainConfig, options: dict) -> Record:
+    return Record(key=point_key(config, options), config=config.to_dict(), options=dict(options),
+                  status=result.status, hardware=result.hardware, profile=config.profile,
+                  num_devices=result.num_devices, steps_per_epoch=result.steps_per_epoch,
+                  data_source=result.data_source,
+                  metrics={m: list(getattr(result, m)) for m in METRICS}, extra=dict(result.extra))
+
+
+def truncate(record: Record, config: TrainConfig, options: dict) -> Optional[Record]:
+    """`record` cut to `config.num_epochs` epochs, or None if it is too short to tell."""
+    k = config.num_epochs
+    if record.status == "ok" and len(record.metrics["test_acc"]) < k:
+        return None
+    diverged = record.status != "ok" and len(record.metrics["train_loss"]) <= k
+    metrics = {m: list(v) for m, v in record.metrics.items()}
+    if not diverged:   # keep the first k epochs; a later divergence did not happen yet
+        metrics = {m: v[:k] for m, v in metrics.items()}
+    return Record(**{**record.to_dict(), "key": point_key(config, options),
+                     "config": config.to_dict(), "metrics": metrics,
+                     "status": record.status if diverged else "ok",
+                     "derived_from": record.key})
+
+
+def _longer_key(config: dict, options: dict) -> str:
+    """The key with num_epochs blanked: points sharing it differ only in length."""
+    return point_key({**config, "num_epochs": 0}, options)
+
+
+def load_store(path) -> list[Record]:
+    """The records in a store, or [] if the file does not exist yet."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path) as f:
+        data = json.load(f)
+    records = [Record(**r) for r in data["records"]]
+    for r in records:          # recompute: keys follow the current TrainConfig's defaults
+        r.key = point_key(r.config, r.options)
+    return records
+
+
+def save_store(path, records: Sequence[Record]) -> None:
+    write_json_atomic(path, {"version": 1, "records": [r.to_dict() for r in records]})
+
+
+def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
+    """The cartesian product of `vary` and `seeds`, longest runs first (so short ones derive)."""
+    unknown = [k for k in vary if k not in base.to_dict() and k not in OPTIONS]
+    if unknown:
+        raise ValueError(f"cannot vary {', '.join(unknown)}: not a TrainConfig field or one of "
+                         f"{', '.join(OPTIONS)}")
+    names = list(vary)
+    points = []
+    for values in itertools.product(*(vary[n] for n in names), seeds):
+        chosen = dict(zip(names, values[:-1]))
+        options = {k: chosen.pop(k) for k in list(chosen) if k in OPTIONS}
+        points.append((base.replace(**chosen, seed=values[-1]), options))
+    return sorted(points, key=lambda p: -p[0].num_epochs)
+
+
+def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
+                  nprocs: int = 0) -> TrainResult:
+    """`train` without output; with warmup, the same loop with a linear lr warmup; with
+    `nprocs`, DDP over that many processes (gloo on a CPU, nccl on GPUs)."""
+    if nprocs and warmup_epochs:
+        raise ValueError("warmup with DDP processes is not implemented; vary one of them")
+    if nprocs:
+        from .ddp import launch
+        return launch(config, nprocs, progress=False)
+    if warmup_epochs:
+        return train_warmup(config, warmup_epochs)
+    return train(config, progress=False)
+
+
+def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,
+          train_fn: Optional[Callable[..., TrainResult]] = None,
+          log: Optional[Callable[[str], None]] = None) -> list[Record]:
+    """Train every point of `vary` x `seeds` not yet in `store`; return the points' records.
+
+    Args:
+        base: the config every point starts from.
+        vary: {field: [values]}; fields of TrainConfig, `warmup_epochs` or `nprocs`.
+        seeds: one run per seed for every combination.
+        store: JSON file; read first, rewritten atomically after every point.
+        train_fn: `train_fn(config, **options) -> TrainResult` (default: `default_train`).
+        log: called with one line per point (e.g. `print`).
+    """
+    train_fn = train_fn or default_train
+    records = load_store(store)
+    by_key = {r.key: r for r in records}
+    out = []
+    for config, options in expand(base, vary, seeds):
+        key = point_key(config, options)
+        rec = by_key.get(key) or _derive(records, config, options)
+        action = "stored" if key in by_key else "derived" if rec else "trained"
+        if rec is None:
+            t0 = time.perf_counter()
+            rec = record_from_result(train_fn(config, **options), config, options)
+            rec.extra.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
+        if key not in by_key:
+            records.append(rec)
+            by_key[key] = rec
+            save_store(store, records)
+        out.append(rec)
+        if log:
+            log(f"{action:7s} {describe_point(config, options)}: {rec.status}, "
+                f"test acc {rec.final_test_acc:.3f}, {rec.sec_per_epoch:.1f} s/epoch")
+    return out
+
+
+def _derive(records: Sequence[Record], config: TrainConfig, options: dict) -> Optional[Record]:
+    want = _longer_key(config.to_dict(), options)
+    for r in records:
+        if r.config["num_epochs"] > config.num_epochs and r.derived_from is None and \
+                _longer_key(r.config, r.options) == want:
+            rec = truncate(r, config, options)
+            if rec is not None:
+                return rec
+    return None
+
+
+def describe_point(config: TrainConfig, options: dict) -> str:
+    text = (f"batch {config.batch_size}, lr {config.lr:g}, {config.num_epochs} epochs, "
+            f"seed {config.seed}")
+    return text + "".join(f", {k} {v:g}" for k, v in options.items() if v)
+
+
+# --- Reading a sweep: mean and spread over seeds -------------------------------------------
+
+def summarize(records: Sequence[Record], x: str) -> list[dict]:
+    """One row per value of `x`: mean/std of final test accuracy and of seconds per epoch over
+    the seeds that finished, plus how many diverged. Rows are sorted by `x`."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r.get(x), []).append(r)
+    rows = []
+    for value in sorted(groups):
+        ok = [r for r in groups[value] if r.status == "ok"]
+        accs = [r.final_test_acc for r in ok]
+        secs = [r.sec_per_epoch for r in ok]
+        rows.append(dict(x=value, n=len(groups[value]), diverged=len(groups[value]) - len(ok),
+                         acc_mean=_mean(accs), acc_std=_std(accs),
+                         sec_mean=_mean(secs), sec_std=_std(secs)))
+    return rows
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _std(xs: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1): the spread a new seed would show."""
+    if len(xs) < 2:
+        return 0.0 if xs else float("nan")
+    m = _mean(xs)
+    return math.sqrt(sum((v - m) ** 2 for v in xs) / (len(xs) - 1))
+
+
+# --- Learning-rate scaling and warmup (pure arithmetic) --------------------------------------
+
+def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """Goyal et al. (2017): multiply the lr by k when the global batch grows k-fold. Rounded to
+    12 digits so that 0.1 x 4 is 0.4 and finds the stored point (0.1 * 512 / 128 is not 0.4)."""
+    return round(base_lr * batch / base_batch, 12)
+
+
+def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
+    """Linear warmup from lr/warmup_steps at step 0 to `lr` at `warmup_steps`, then constant."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return lr
+    return lr * (step + 1) / warmup_steps
+
+
+class WarmupSGD(torch.optim.SGD):
+    """Plain SGD whose lr follows `warmup_lr` step by step (train() itself has no schedule)."""
+
+    def __init__(self, params, lr: float, warmup_steps: int):
+        super().__init__(params, lr=lr)
+        self.peak_lr, self.warmup_steps, self.steps_done = lr, warmup_steps, 0
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            group["lr"] = warmup_lr(self.steps_done, self.peak_lr, self.warmup_steps)
+        self.steps_done += 1
+        return super().step(closure)
+
+
+def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
+    """`train` (same data, model, DataParallel, epochs loop and divergence rule) with SGD's lr
+    warmed up linearly over the first `warmup_epochs` epochs. `train` takes no schedule, so
+    this swaps in `WarmupSGD` around train.py's own building blocks."""
+    from . import train as t
+    from .devices import describe_devices, resolve_devices
+    from .perf import resolve_switches
+    devices = resolve_devices(config.devices)
+    switches = resolve_switches(config, devices[0])
+    train_iter, test_iter = data if data is not None else t.load_data(config, devices[0],
+                                                                        switches)
+    _, net = t.build_model(config, devices, switches)
+    optimizer = WarmupSGD(net.parameters(), config.lr,
+                          warmup_steps=round(warmup_epochs * len(train_iter)))
+    result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
+                         num_devices=len(devices),
+                         data_source=getattr(train_iter, "source", "custom"),
+                         steps_per_epoch=len(train_iter),
+                         extra={"switches": switches.to_dict(), "warmup_epochs": warmup_epochs})
+    with t.cudnn_benchmark(switches.cudnn_benchmark):
+        t._epochs(config, net, train_iter, test_iter, optimizer, nn.CrossEntropyLoss(), devices,
+                  switches, result, None, None)
+    return result

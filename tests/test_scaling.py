@@ -1,0 +1,165 @@
+"""The step-time model: hand-computed cases, and the shapes every reader relies on."""
+import math
+
+import pytest
+
+from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, Calibration, LinkSpec, Overheads,
+                              calibrate, cpu_spec, leave_one_out, predict_epoch_time,
+                              predict_step_time, ring_allreduce_s, scaling_efficiency,
+                              scaling_table)
+
+K80 = DEVICES["K80 (one GK210 die)"]
+PCIE3 = LINKS["PCIe gen3 x16"]
+NO_LATENCY = LinkSpec("ideal 16 GB/s", 16.0, 0.0, "test")
+
+
+def test_workload_is_the_chapters_resnet18():
+    assert RESNET18.params == 11_175_818
+    assert RESNET18.grad_bytes == pytest.approx(44.70e6, rel=1e-3)      # "45 MB" of fp32
+    assert RESNET18.train_flops == pytest.approx(3 * 0.9116e9)
+
+
+def test_ring_allreduce_45mb_8_devices_16gbs_is_4_9_ms():
+    # 2 * 7/8 * 44.7e6 B / 16e9 B/s = 4.889 ms
+    assert ring_allreduce_s(RESNET18.grad_bytes, 8, 16.0) == pytest.approx(4.889e-3, rel=1e-3)
+    # latency adds 2(n-1) hops: 14 x 5 us
+    assert ring_allreduce_s(RESNET18.grad_bytes, 8, 16.0, 5e-6) == pytest.approx(
+        4.889e-3 + 70e-6, rel=1e-3)
+    assert ring_allreduce_s(1e9, 1, 16.0, 1.0) == 0.0
+
+
+def test_ddp_step_hand_computed():
+    o = Overheads(mfu=0.4, half_batch=16, step_s=2e-3, overlap=0.0)
+    t = predict_step_time(8, 256, K80, NO_LATENCY, "ddp", overheads=o)
+    rate = 4.37e12 * 0.4 / (3 * 0.9116e9)                 # 639.2 images/s per die
+    assert t.compute == pytest.approx((32 + 16) / rate)    # 75.1 ms for 32 images
+    assert t.compute == pytest.approx(75.09e-3, rel=1e-3)
+    assert t.communication == pytest.approx(4.889e-3, rel=1e-3)   # nothing hidden
+    optimizer = 3 * 44.70e6 / 240e9                         # 0.559 ms of memory traffic
+    assert t.overhead == pytest.approx(2e-3 + optimizer, rel=1e-3)
+    assert t.total == pytest.approx(t.compute + t.communication + t.overhead)
+
+
+def test_ddp_overlap_hides_at_most_the_stated_share_of_backward():
+    o = Overheads(overlap=0.5, half_batch=0)
+    t = predict_step_time(8, 256, K80, NO_LATENCY, "ddp", overheads=o)
+    backward = t.compute * 2 / 3
+    assert t.hidden == pytest.approx(min(4.889e-3, 0.5 * backward), rel=1e-3)
+    assert t.communication + t.hidden == pytest.approx(4.889e-3, rel=1e-3)
+    # a tiny batch leaves little backward to hide behind
+    small = predict_step_time(8, 8, K80, NO_LATENCY, "ddp", overheads=o)
+    assert small.hidden == pytest.approx(0.5 * small.compute * 2 / 3)
+    assert small.communication > 0
+
+
+def test_dp_step_hand_computed_two_devices():
+    o = Overheads(step_s=0.0, thread_s=1e-3)
+    t = predict_step_time(2, 256, K80, NO_LATENCY, "dp", overheads=o)
+    g = 44.70e6 / 16e9                                     # 2.79 ms per model copy
+    scatter_gather = 128 * (3136 + 40) / 16e9
+    assert t.communication == pytest.approx(g + g + scatter_gather, rel=1e-3)
+    assert t.overhead == pytest.approx(2 * 1e-3 + 3 * 44.70e6 / 240e9, rel=1e-3)
+
+
+def test_one_device_dp_equals_ddp():
+    a = predict_step_time(1, 256, K80, PCIE3, "dp")
+    b = predict_step_time(1, 256, K80, PCIE3, "ddp")
+    assert a.total == pytest.approx(b.total)
+    assert a.communication == 0 and b.communication == 0
+
+
+@pytest.mark.parametrize("strategy", ["dp", "ddp"])
+def test_efficiency_falls_as_devices_grow_at_fixed_global_batch(strategy):
+    key = f"{strategy}_eff"
+    rows = scaling_table(range(1, 17), K80, PCIE3, global_batch=256)
+    effs = [r[key] for r in rows]
+    assert effs[0] == pytest.approx(1.0)
+    assert all(b < a for a, b in zip(effs, effs[1:]))
+    assert effs[-1] < 0.8
+
+
+def test_dp_never_faster_than_ddp_for_two_or_more_devices():
+    for spec in DEVICES.values():
+        for link in LINKS.values():
+            for batch in (16, 64, 256, 1024, 4096):
+                for n in range(2, 17):
+                    dp = predict_step_time(n, batch, spec, link, "dp").total
+                    ddp = predict_step_time(n, batch, spec, link, "ddp").total
+                    assert dp > ddp, (spec.name, link.name, batch, n)
+
+
+def test_weak_scaling_keeps_the_per_device_batch():
+    rows = scaling_table([1, 2, 16], K80, PCIE3, per_device_batch=32)
+    assert [r["global_batch"] for r in rows] == [32, 64, 512]
+    assert all(r["per_device"] == 32 for r in rows)
+    with pytest.raises(ValueError):
+        scaling_table([1], K80, PCIE3, global_batch=256, per_device_batch=16)
+
+
+def test_epoch_time_counts_the_short_last_step():
+    full = predict_step_time(1, 256, K80, PCIE3).total
+    short = predict_step_time(1, 60_000 - 234 * 256, K80, PCIE3).total
+    assert predict_epoch_time(1, 256, 60_000, K80, PCIE3) == pytest.approx(234 * full + short)
+    assert scaling_efficiency(10.0, 2.5, 4) == pytest.approx(1.0)
+    assert scaling_efficiency(10.0, 5.0, 4) == pytest.approx(0.5)
+
+
+def test_specs_are_sourced_and_k80_has_no_bf16():
+    assert K80.fp32_tflops == pytest.approx(8.73 / 2, abs=0.01)
+    assert K80.tensor_tflops is None and "no bf16" in K80.source
+    assert DEVICES["A100 SXM4 80GB"].tensor_dtype == "bf16"
+    assert DEVICES["T4"].tensor_dtype == "fp16"         # Turing has no bf16
+    for spec in list(DEVICES.values()) + list(LINKS.values()):
+        assert "datasheet" in spec.source or "specification" in spec.source
+    assert PCIE3.gbs == 16.0 and LINKS["PCIe gen4 x16"].gbs == 32.0
+
+
+def test_calibrate_recovers_a_line_and_clamps_negative_overhead():
+    cal = calibrate([(64, 0.01 + 64 / 500), (128, 0.01 + 128 / 500), (512, 0.01 + 512 / 500)])
+    assert cal.images_per_second == pytest.approx(500)
+    assert cal.step_s == pytest.approx(0.01)
+    assert cal.rms_error_s == pytest.approx(0, abs=1e-12)
+    assert cal.step_time(256) == pytest.approx(0.01 + 256 / 500)
+    clamped = calibrate([(100, 0.1), (200, 0.25)])      # line through them has intercept -0.05
+    assert clamped.step_s == 0.0
+    assert clamped.images_per_second == pytest.approx(1 / ((100 * 0.1 + 200 * 0.25) / 50_000))
+    # one batch size, or time falling with batch (noise): all cost per image, through 0
+    one = calibrate([(128, 0.1), (128, 0.2)])
+    assert one.step_s == 0.0 and one.images_per_second == pytest.approx(128 / 0.15)
+    noisy = calibrate([(128, 0.3), (512, 0.2)])
+    assert noisy.step_s == 0.0 and noisy.images_per_second > 0
+    with pytest.raises(ValueError):
+        calibrate([])
+
+
+def test_leave_one_out_is_exact_on_a_line_and_not_on_a_curve():
+    line = [(b, 0.02 + b / 1000) for b in (32, 64, 128, 256)]
+    assert all(abs(r["error"]) < 1e-9 for r in leave_one_out(line))
+    curve = [(b, 0.02 + (b / 1000) ** 1.5) for b in (32, 64, 128, 256)]
+    assert max(abs(r["error"]) for r in leave_one_out(curve)) > 0.05
+
+
+def test_cpu_spec_reproduces_its_calibration():
+    cal = Calibration(images_per_second=400.0, step_s=0.0, rms_error_s=0.0)
+    spec = cpu_spec(cal, "test CPU")
+    o = Overheads(mfu=1.0, half_batch=0, step_s=0.0, optimizer_passes=0)
+    t = predict_step_time(1, 128, spec, PCIE3, overheads=o)
+    assert t.total == pytest.approx(128 / 400)
+
+
+def test_bad_strategy_is_a_value_error():
+    with pytest.raises(ValueError, match="strategy"):
+        predict_step_time(2, 256, K80, PCIE3, "zero")
+    assert math.isfinite(predict_step_time(16, 16, K80, PCIE3, "dp").total)
+
+
+def test_gradient_accumulation_communicates_once_per_k_micro_steps():
+    o = Overheads(overlap=0.0)
+    one = predict_step_time(16, 256, K80, PCIE3, "ddp", overheads=o)
+    four = predict_step_time(16, 256, K80, PCIE3, "ddp", overheads=o, accumulate=4)
+    assert four.compute == pytest.approx(4 * one.compute)
+    assert four.communication == pytest.approx(one.communication)
+    # per image, communication shrinks four-fold
+    assert four.communication / (4 * 256) == pytest.approx(one.communication / 256 / 4)
+    with pytest.raises(ValueError):
+        predict_step_time(2, 256, K80, PCIE3, "dp", accumulate=2)
