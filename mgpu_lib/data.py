@@ -173,22 +173,27 @@ class DeviceLoader:
     """Batches from uint8 tensors that live on `device`, shuffled by `torch.randperm`.
 
     Each pass draws the next permutation from a generator seeded once, so two loaders with the
-    same seed yield the same batches, epoch after epoch.
+    same seed yield the same batches, epoch after epoch. `drop_last` skips a final partial batch:
+    for training, where a batch of a handful of images gives BatchNorm useless statistics and
+    a full learning-rate step from a tiny sample (a 5,000-image subset at batch 128 would end
+    every epoch on 8 images, right before evaluation).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                  shuffle: bool, device: Union[str, torch.device, None] = None, seed: int = 0,
-                 source: str = "unknown"):
+                 source: str = "unknown", drop_last: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.device = torch.device(device or "cpu")
         self.images = images.to(self.device)
         self.labels = labels.to(self.device, torch.int64)
         self.batch_size, self.shuffle, self.source = batch_size, shuffle, source
+        self.drop_last = drop_last and len(self.labels) >= batch_size
         self._gen = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.labels) / self.batch_size)
+        n, b = len(self.labels), self.batch_size
+        return n // b if self.drop_last else math.ceil(n / b)
 
     @property
     def num_samples(self) -> int:
@@ -198,7 +203,7 @@ class DeviceLoader:
         n = len(self.labels)
         order = (torch.randperm(n, generator=self._gen).to(self.device) if self.shuffle
                  else torch.arange(n, device=self.device))
-        for start in range(0, n, self.batch_size):
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = order[start:start + self.batch_size]
             x = self.images[idx].unsqueeze(1).float().div_(255)
             yield x, self.labels[idx]
@@ -262,7 +267,7 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
     """
     xtr, ytr, xte, yte, origin = _subsets(source, root, allow_synthetic, train_limit, test_limit)
     train_iter = DeviceLoader(xtr, ytr, batch_size, shuffle=True, device=device, seed=seed,
-                              source=origin)
+                              source=origin, drop_last=True)
     test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
                              device=device, seed=seed, source=origin)
     return train_iter, test_iter
@@ -301,6 +306,24 @@ class ChapterLoader(DataLoader):
         return len(self.dataset)
 
 
+class PermutationSampler(torch.utils.data.Sampler):
+    """One `torch.randperm` per epoch from a generator seeded once: `DeviceLoader`'s order.
+
+    (`RandomSampler` draws an extra permutation at the end of each epoch, so its orders drift
+    from `DeviceLoader`'s after the first epoch; fast and reference runs should see the same
+    images in the same order.)
+    """
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
 def chapter_workers(requested: Optional[int] = None) -> int:
     """Worker processes for the chapter's loader: its 4, but no more than the usable cores.
 
@@ -322,7 +345,11 @@ def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, 
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     workers = chapter_workers(num_workers)
-    return ChapterLoader(PILImages(images, labels), batch_size=batch_size, shuffle=shuffle,
+    dataset = PILImages(images, labels)
+    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
+    # Training drops a final partial batch, like DeviceLoader (see its docstring for why).
+    return ChapterLoader(dataset, batch_size=batch_size, sampler=sampler,
+                         drop_last=shuffle and len(dataset) >= batch_size,
                          num_workers=workers, generator=torch.Generator().manual_seed(seed),
                          source=source)
 

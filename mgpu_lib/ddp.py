@@ -36,6 +36,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .data import load_raw, balanced_subset, DeviceLoader
 from .devices import describe_devices, num_gpus, DeviceError
+from .perf import resolve_switches
 from .train import (DIVERGED_LOSS, TrainConfig, TrainResult, evaluate_accuracy, make_model,
                     synchronize, train_epoch, write_json_atomic)
 
@@ -130,12 +131,15 @@ class ShardLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return math.ceil(math.ceil(len(self.labels) / self.world_size) / self.batch_size)
+        # Like DeviceLoader for training: a final partial batch is dropped (BatchNorm would see a
+        # handful of images), unless the shard holds less than one batch.
+        per_rank = math.ceil(len(self.labels) / self.world_size)
+        return max(per_rank // self.batch_size, 1 if per_rank else 0)
 
     def __iter__(self):
         idx = shard_indices(len(self.labels), self.rank, self.world_size, self.epoch, self.seed)
         idx = idx.to(self.images.device)
-        for start in range(0, len(idx), self.batch_size):
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
             b = idx[start:start + self.batch_size]
             yield self.images[b].unsqueeze(1).float().div_(255), self.labels[b]
 
@@ -261,7 +265,11 @@ def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, d
 
 def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) -> TrainResult:
     train_iter, test_iter = _load_shards(config, rank, world, local_batch, device)
+    # The fast path's layout and precision, as in train(); the shards here are always on the device.
+    switches = resolve_switches(config, device)
     net = make_model(config, device)      # same seed on every rank; DDP also broadcasts rank 0's
+    if switches.channels_last:
+        net = net.to(memory_format=torch.channels_last)
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -270,7 +278,8 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) 
         f"{describe_devices([device])}", num_devices=world, data_source=train_iter.source,
         steps_per_epoch=len(train_iter),
         extra={"strategy": "ddp", "world_size": world, "backend": backend,
-               "local_batch_size": local_batch, "threads_per_process": torch.get_num_threads()})
+               "local_batch_size": local_batch, "threads_per_process": torch.get_num_threads(),
+               "switches": switches.to_dict()})
     start = 0
     state = load_checkpoint(checkpoint, config, world) if checkpoint and resume else None
     if state is not None:
@@ -279,7 +288,7 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) 
         print(f"{LOG}no checkpoint to resume from; starting at epoch 1", flush=True)
     for epoch in range(start, config.num_epochs):
         if not _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch,
-                      result, rank):
+                      result, rank, switches):
             break
         if rank == 0 and checkpoint:
             save_checkpoint(checkpoint, net, optimizer, config, world, result)
@@ -289,12 +298,13 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) 
 
 
 def _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch, result,
-           rank) -> bool:
+           rank, switches=None) -> bool:
     """One epoch on every rank; rank 0 evaluates and logs. False once the run diverged."""
     train_iter.set_epoch(epoch)
     dist.barrier()                   # start the clock together (rank 0 was evaluating)
     t0 = time.perf_counter()
-    loss_sum, correct, n = train_epoch(model, train_iter, optimizer, loss_fn, device)
+    loss_sum, correct, n = train_epoch(model, train_iter, optimizer, loss_fn, device,
+                                       switches=switches)
     stats = torch.stack([loss_sum.double(), correct.double(),
                          torch.tensor(float(n), dtype=torch.float64, device=device)])
     dist.all_reduce(stats)           # every rank sees the same totals, so all stop together
@@ -310,7 +320,7 @@ def _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch,
     result.epoch_seconds.append(seconds)
     result.images_per_second.append(total / seconds)
     if rank == 0:                    # the unwrapped net: evaluation needs no collectives
-        result.test_acc.append(evaluate_accuracy(net, test_iter))
+        result.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
         print(f"{LOG}epoch {epoch + 1}/{result.config['num_epochs']}: loss {loss:.3f}, "
               f"train acc {acc:.3f}, test acc {result.test_acc[-1]:.3f}, {seconds:.2f} s",
               flush=True)

@@ -164,6 +164,7 @@ def write_json_atomic(path, obj) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.chmod(tmp, 0o644)       # mkstemp makes 0600; results are for everyone to read
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)

@@ -138,7 +138,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     result = TrainResult.load(out)
     assert result.extra["world_size"] == 2 and result.extra["backend"] == "gloo"
     assert result.extra["local_batch_size"] == 16 and len(result.test_acc) == 1
-    assert result.steps_per_epoch == 13                  # 200 images per rank, batches of 16
+    assert result.steps_per_epoch == 12      # 200 images per rank, 12 full batches of 16
 
 
 def _rank_pid(rank: int) -> int:

@@ -130,3 +130,16 @@ def test_ablation_modes_start_from_the_reference():
     assert modes[names[0]] == REFERENCE and modes[names[-1]] == fast
     assert modes["+ channels_last"].channels_last and modes["+ channels_last"].device_data
     assert ("+ bf16 autocast" in modes) == (cpu_bf16_support() != "none")
+
+
+def test_chapter_loader_visits_images_in_the_device_loaders_order():
+    """Same seed, same order: the two paths differ only in how a batch is made."""
+    from mgpu_lib.data import DeviceLoader, chapter_loader
+    images = torch.randint(0, 256, (50, 28, 28), dtype=torch.uint8)
+    labels = torch.arange(50) % 10
+    for seed in (0, 3):
+        fast = DeviceLoader(images, labels, 16, shuffle=True, seed=seed)
+        ref = chapter_loader(images, labels, 16, shuffle=True, seed=seed, num_workers=0)
+        for _ in range(2):                       # two epochs: the orders stay in step
+            for (xf, yf), (xr, yr) in zip(fast, ref):
+                assert torch.equal(yf, yr) and torch.allclose(xf, xr)

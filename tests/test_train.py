@@ -20,7 +20,7 @@ def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
     assert len(result.test_acc) == config.num_epochs == len(result.epoch_seconds)
     assert result.final_test_acc > SMOKE_ACC_BAR, result.test_acc
     assert result.train_loss[-1] < result.train_loss[0]
-    assert result.steps_per_epoch == math.ceil(4000 / 32)
+    assert result.steps_per_epoch == 4000 // 32
     assert "test acc:" in result.summary() and "sec/epoch on CPU" in result.summary()
 
 
