@@ -37,7 +37,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .data import load_raw, balanced_subset, DeviceLoader
 from .devices import describe_devices, num_gpus, DeviceError
 from .perf import resolve_switches
-from .train import (DIVERGED_LOSS, TrainConfig, TrainResult, evaluate_accuracy, make_model,
+from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
                     synchronize, train_epoch, write_json_atomic)
 
 CKPT_NAME = "last.pt"
@@ -313,7 +313,7 @@ def _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch,
     loss, acc, total = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item(), \
         stats[2].item()
     result.train_loss.append(loss)
-    if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+    if diverged(loss):
         result.status = "diverged"
         return False
     result.train_acc.append(acc)

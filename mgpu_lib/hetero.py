@@ -28,7 +28,7 @@ from torch import nn
 
 from .data import load_fashion_mnist
 from .devices import cpu_name, describe_devices, num_gpus
-from .train import (DIVERGED_LOSS, TrainConfig, TrainResult, evaluate_accuracy, make_model,
+from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
                     synchronize)
 
 SIMULATED = "SIMULATED"
@@ -430,7 +430,7 @@ def _fit(hdp: HeteroDataParallel, config: TrainConfig, train_iter, test_iter,
         seconds = time.perf_counter() - t0
         loss = float(loss_sum) / n
         result.train_loss.append(loss)
-        if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+        if diverged(loss):
             result.status = "diverged"
             return
         result.train_acc.append(int(correct) / n)

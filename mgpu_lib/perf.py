@@ -93,9 +93,8 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
 
 
 def _make_net(width: int, device, channels_last: bool, seed: int = 0) -> nn.Module:
-    from .model import init_weights, resnet18
-    torch.manual_seed(seed)
-    net = init_weights(resnet18(width=width)).to(device)
+    from .train import TrainConfig, make_model
+    net = make_model(TrainConfig(width=width, seed=seed), device)
     return net.to(memory_format=torch.channels_last) if channels_last else net
 
 

@@ -26,7 +26,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .data import SOURCES, DeviceLoader, load_fashion_mnist, load_fashion_mnist_chapter
+from .data import SOURCES, load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import describe_devices, resolve_devices
 from .model import init_weights, resnet18
 from .perf import Switches, resolve_switches
@@ -35,6 +35,11 @@ from .profiles import Profile, active_profile
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
 # the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
 DIVERGED_LOSS = 4 * math.log(10)
+
+
+def diverged(loss: float) -> bool:
+    """Whether an epoch's mean training loss means the run has diverged (NaN, inf or huge)."""
+    return not math.isfinite(loss) or loss > DIVERGED_LOSS
 
 
 @dataclass(frozen=True)
@@ -344,7 +349,7 @@ def _epochs(config, net, train_iter, test_iter, optimizer, loss_fn, devices, swi
         synchronize(devices)
         seconds = time.perf_counter() - t0
         loss = loss_sum.item() / n
-        if not math.isfinite(loss) or loss > DIVERGED_LOSS:
+        if diverged(loss):
             result.status = "diverged"
             result.train_loss.append(loss)
             break
