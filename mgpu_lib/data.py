@@ -239,7 +239,7 @@ def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
             "or connect to the network and retry.") from None
 
 
-def _subsets(source, root, allow_synthetic, train_limit, test_limit):
+def load_subsets(source, root, allow_synthetic, train_limit, test_limit):
     """The four tensors, cut to the fixed class-balanced subsets, and the source's name."""
     raw, origin = load_raw(source, root, allow_synthetic)
     tr = balanced_subset(raw["train_labels"], train_limit)
@@ -265,7 +265,8 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
         allow_synthetic: let "auto" fall back to synthetic data when nothing real is found.
         eval_batch_size: the test iterator's batch (default `batch_size`).
     """
-    xtr, ytr, xte, yte, origin = _subsets(source, root, allow_synthetic, train_limit, test_limit)
+    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+                                              test_limit)
     train_iter = DeviceLoader(xtr, ytr, batch_size, shuffle=True, device=device, seed=seed,
                               source=origin, drop_last=True)
     test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
@@ -364,7 +365,8 @@ def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "aut
 
     `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
     """
-    xtr, ytr, xte, yte, origin = _subsets(source, root, allow_synthetic, train_limit, test_limit)
+    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+                                              test_limit)
     kw = dict(seed=seed, num_workers=num_workers, source=origin)
     return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
             chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

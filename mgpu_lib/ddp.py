@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from .data import load_raw, balanced_subset, DeviceLoader
+from .data import DeviceLoader, load_subsets
 from .devices import describe_devices, num_gpus, DeviceError
 from .perf import resolve_switches
 from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
@@ -251,15 +251,15 @@ def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, d
     if rank != 0:
         dist.barrier()               # rank 0 downloads (if needed) before the others read
     with redirect_stdout(StringIO() if rank else sys.stdout):   # one "synthetic" notice
-        raw, origin = load_raw(config.data_source, allow_synthetic=config.allow_synthetic)
+        xtr, ytr, xte, yte, origin = load_subsets(config.data_source, None,
+                                                  config.allow_synthetic, config.train_limit,
+                                                  config.test_limit)
     if rank == 0:
         dist.barrier()
-    tr = balanced_subset(raw["train_labels"], config.train_limit)
-    te = balanced_subset(raw["test_labels"], config.test_limit)
-    train_iter = ShardLoader(raw["train_images"][tr].to(device), raw["train_labels"][tr].to(device),
-                             local_batch, rank, world, config.seed, origin)
-    test_iter = DeviceLoader(raw["test_images"][te], raw["test_labels"][te], config.batch_size,
-                             shuffle=False, device=device, source=origin)
+    train_iter = ShardLoader(xtr.to(device), ytr.to(device), local_batch, rank, world,
+                             config.seed, origin)
+    test_iter = DeviceLoader(xte, yte, config.batch_size, shuffle=False, device=device,
+                             source=origin)
     return train_iter, test_iter
 
 
