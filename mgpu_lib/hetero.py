@@ -1,9 +1,8 @@
 """Exercise 2: one batch split across devices of different power (a GPU and the CPU).
 
-Give each device a share of the batch proportional to its measured speed, so every shard
-finishes at the same moment: that minimizes the slowest shard's time. Then pay the sync:
-gradients travel to the main device, weights travel back. `best_split` and `worth_it` weigh the
-two with measured numbers; `HeteroDataParallel` does it for real, one replica per device.
+`split.py` does the arithmetic: shares of the batch in proportion to measured speeds, and
+whether the saved compute outweighs the sync. This module measures those speeds and the sync,
+and `HeteroDataParallel` does the split for real, one replica per device.
 
 On a machine without a GPU, `default_setup()` stands two CPU replicas in for two devices:
 each gets half the cores, and the second idles after its real work as long as a device
@@ -13,14 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import heapq
-import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from fractions import Fraction
-from numbers import Real
 from typing import Optional, Sequence
 
 import torch
@@ -28,133 +23,11 @@ from torch import nn
 
 from .data import load_fashion_mnist
 from .devices import cpu_name, describe_devices, num_gpus
+from .split import check_speeds, split_sizes
 from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
                     synchronize)
 
 SIMULATED = "SIMULATED"
-
-
-def _check_speeds(speeds: Sequence[float]) -> list[float]:
-    """Speeds as floats; negative, non-finite, non-numeric or all-zero speeds are a ValueError."""
-    speeds = list(speeds)
-    if not speeds:
-        raise ValueError("speeds must name at least one device")
-    for i, s in enumerate(speeds):
-        if isinstance(s, bool) or not isinstance(s, Real) or not math.isfinite(s) or s < 0:
-            raise ValueError(f"speeds must be finite numbers >= 0 (images/s), "
-                             f"got speeds[{i}] = {s!r}")
-    if not any(s > 0 for s in speeds):
-        raise ValueError("all speeds are zero: at least one device must be able to do work")
-    return [float(s) for s in speeds]
-
-
-def split_sizes(total: int, speeds: Sequence[float]) -> list[int]:
-    """Shares of a batch of `total` samples in proportion to `speeds`, by largest remainder.
-
-    The shares always sum to `total`. A zero speed is allowed and means "give it nothing"; a
-    device whose proportional quota is below one sample also gets 0 (one sample would make it
-    the slowest shard), and its quota goes to the others. Exact rational arithmetic, so the
-    answer never depends on float rounding. Ties go to the faster device, then the first.
-    """
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an integer >= 0, got {total!r}")
-    s = [Fraction(v) for v in _check_speeds(speeds)]
-    active = [i for i, v in enumerate(s) if v > 0]
-    while True:   # drop the slowest under-one-sample device until every active one earns one
-        norm = sum(s[i] for i in active)
-        quota = {i: total * s[i] / norm for i in active}
-        low = [i for i in active if quota[i] < 1]
-        if not low or len(active) == 1:
-            break
-        active.remove(min(low, key=lambda i: (s[i], -i)))
-    sizes = [0] * len(s)
-    for i in active:
-        sizes[i] = math.floor(quota[i])
-    by_remainder = sorted(active, key=lambda i: (-(quota[i] - sizes[i]), -s[i], i))
-    for i in by_remainder[:total - sum(sizes)]:
-        sizes[i] += 1
-    return sizes
-
-
-def minmax_sizes(total: int, speeds: Sequence[float]) -> list[int]:
-    """Whole-sample shares that minimize the slowest shard's time `max(n_i / s_i)` exactly.
-
-    Each sample goes to the device that would finish it first. Where a slow device's share is a
-    few samples, this can differ from `split_sizes` by one sample, and that sample matters.
-    """
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an integer >= 0, got {total!r}")
-    speeds = _check_speeds(speeds)
-    sizes = [0] * len(speeds)
-    heap = [(1 / s, -s, i) for i, s in enumerate(speeds) if s > 0]
-    heapq.heapify(heap)
-    for _ in range(total):
-        _, neg_s, i = heapq.heappop(heap)
-        sizes[i] += 1
-        heapq.heappush(heap, ((sizes[i] + 1) / -neg_s, neg_s, i))
-    return sizes
-
-
-def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: float) -> float:
-    """Predicted seconds per step: the slowest shard, plus `sync_s` when two or more devices work.
-
-    A device with work and speed 0 never finishes: the answer is `inf`.
-    """
-    speeds = _check_speeds(speeds)
-    if len(sizes) != len(speeds):
-        raise ValueError(f"{len(sizes)} sizes for {len(speeds)} speeds")
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
-        raise ValueError(f"sizes must be integers >= 0, got {list(sizes)}")
-    if not (isinstance(sync_s, Real) and math.isfinite(sync_s) and sync_s >= 0):
-        raise ValueError(f"sync_s must be a finite number >= 0, got {sync_s!r}")
-    shard_s = [n / s if s > 0 else math.inf for n, s in zip(sizes, speeds) if n > 0]
-    busy = len(shard_s)
-    return max(shard_s, default=0.0) + (sync_s if busy > 1 else 0.0)
-
-
-@dataclass(frozen=True)
-class SplitPlan:
-    """A split, its predicted step time, and the fastest device alone for comparison."""
-    sizes: tuple[int, ...]
-    step_s: float       # predicted: slowest shard + sync
-    alone_s: float      # predicted: the whole batch on the fastest device, no sync
-    sync_s: float = 0.0  # the sync paid (0 when only one device has work)
-
-    @property
-    def saved_s(self) -> float:
-        """Compute time the split saves per step, before paying the sync."""
-        return self.alone_s - (self.step_s - self.sync_s)
-
-    @property
-    def speedup(self) -> float:
-        return self.alone_s / self.step_s if self.step_s > 0 else math.inf
-
-    @property
-    def worth_it(self) -> bool:
-        return self.speedup > 1.0
-
-
-def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
-    """The split with the smallest slowest shard (`minmax_sizes`), its predicted step time and
-    its predicted speedup over the fastest device alone."""
-    speeds = _check_speeds(speeds)
-    sizes = minmax_sizes(total, speeds)
-    paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
-    return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
-                     total / max(speeds), paid)
-
-
-def worth_it(total: int, speeds: Sequence[float], sync_s: float) -> tuple[bool, float]:
-    """(does splitting beat the fastest device alone?, the predicted speedup), sync included."""
-    plan = best_split(total, speeds, sync_s)
-    return plan.worth_it, plan.speedup
-
-
-def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
-    """Sample counts for the slower device to try: 0, around `ideal`, up to about 3 x ideal."""
-    top = min(total, max(3 * ideal, points - 1))
-    grid = {round(top * k / (points - 1)) for k in range(points)} | {ideal}
-    return sorted(grid)
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -251,7 +124,7 @@ class HeteroDataParallel:
     def __init__(self, net: nn.Module, devices: Sequence, speeds: Sequence[float], *,
                  slowdowns: Optional[Sequence[float]] = None):
         self.devices = [torch.device(d) for d in devices]
-        self.speeds = _check_speeds(speeds)
+        self.speeds = check_speeds(speeds)
         self.slowdowns = list(slowdowns or [1.0] * len(self.devices))
         if not len(self.devices) == len(self.speeds) == len(self.slowdowns):
             raise ValueError("devices, speeds and slowdowns must have the same length")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from mgpu_lib import ddp
+from mgpu_lib import ddp, supervise
 from mgpu_lib.__main__ import main
 from mgpu_lib.profiles import get_profile
 from mgpu_lib.train import TrainConfig, TrainResult, make_model, train_epoch
@@ -143,7 +143,7 @@ def test_two_nodes_on_one_machine(tmp_path):
 
 def _rank_pid(rank: int) -> int:
     """The pid of a DDP worker below this test process whose RANK is `rank`, or 0."""
-    for pid in ddp._descendants(os.getpid()):
+    for pid in supervise._descendants(os.getpid()):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -194,16 +194,16 @@ def test_failure_message_names_the_root_cause_rank():
               "  traceback : Signal 15 (SIGTERM) received by PID 11",
               "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
               "  exitcode  : -9 (pid: 12)", "  traceback : Signal 9 (SIGKILL) received by PID 12"]
-    assert ddp.failure_message(1, killed) == \
+    assert supervise.failure_message(1, killed) == \
         "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 12"
     crashed = ["[rank1]: Traceback (most recent call last):",
                "[rank1]: ZeroDivisionError: division by zero",
                "[rank0]: RuntimeError: Connection reset by peer",
                "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
                "  exitcode  : 1 (pid: 12)", "  traceback : To enable traceback see: ..."]
-    assert ddp.failure_message(1, crashed) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
+    assert supervise.failure_message(1, crashed) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
     told = ["mgpu_lib.ddp rank 0: error: batch size 30 does not split evenly"]
-    assert ddp.failure_message(1, told) == "DDP rank 0 failed: batch size 30 does not split evenly"
+    assert supervise.failure_message(1, told) == "DDP rank 0 failed: batch size 30 does not split evenly"
 
 
 # ---- checkpoints ------------------------------------------------------------------------------

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
-from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, best_split, default_setup,
-                             measure_sync, measure_throughput, minmax_sizes, predict_hetero_step,
-                             shard_grid, split_sizes, train_hetero, worth_it)
+from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, default_setup, measure_sync,
+                             measure_throughput, train_hetero)
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.pipeline import augment_batch, data_loader, prefetch
+from mgpu_lib.split import (best_split, minmax_sizes, predict_hetero_step, shard_grid, split_sizes,
+                             worth_it)
 from mgpu_lib.train import TrainConfig
 
 

@@ -1,0 +1,112 @@
+"""Running a torchrun job from Python: echo rank 0's progress, stop every process on a timeout
+or an interrupt, and turn a failure into one line that names the rank and its error.
+
+`ddp.launch` builds the torchrun command; this module only supervises it. torchrun starts its
+workers in sessions of their own, so stopping the job means finding them under /proc.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections import deque
+from pathlib import Path
+
+LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` echoes them
+
+
+class LaunchError(RuntimeError):
+    """A DDP job failed or hung; the message names the rank and its error."""
+
+
+def supervise(cmd, env, timeout_s: float, progress: bool) -> tuple[int, list[str]]:
+    """Run `cmd`, echo rank 0's lines, keep the last lines; stop everything on timeout."""
+    tail: deque = deque(maxlen=60)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def pump():
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if progress and line.startswith(LOG):
+                print(line[len(LOG):].rstrip(), flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        reader.join(5)
+        last = next((t for t in reversed(tail) if t.strip()), "nothing")
+        raise LaunchError(f"DDP job timed out after {timeout_s:.0f} s (a rank hung or is too "
+                          f"slow) and was stopped; last output: {last}") from None
+    finally:
+        if proc.poll() is None:     # KeyboardInterrupt or another error: leave nothing behind
+            _stop(proc)
+    reader.join(5)
+    return code, list(tail)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if this (notebook) process dies, so torchrun stops its workers
+    even when the kernel is killed outright (Linux only; elsewhere a no-op)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """All processes below `pid` (Linux /proc; elsewhere none). torchrun puts its workers in
+    sessions of their own, so a signal to its process group would not reach them."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(c) for t in os.listdir(f"/proc/{p}/task")
+                    for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        except OSError:
+            kids = []
+        found += kids
+        todo += kids
+    return found
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM torchrun (it stops its workers), then SIGKILL whatever is left."""
+    victims = _descendants(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def failure_message(code: int, lines: list[str]) -> str:
+    """One line from torchrun's output: which rank failed first, and why."""
+    text = "\n".join(lines)
+    own = re.findall(r"mgpu_lib\.ddp rank (\d+): error: (.*)", text)
+    if own:                          # a user error the rank explained itself
+        return f"DDP rank {own[0][0]} failed: {own[0][1]}"
+    root = text[text.find("Root Cause"):] if "Root Cause" in text else text
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", root, re.M)
+    exitcode = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", root, re.M)
+    signal_ = re.search(r"^\s*traceback\s*:\s*(Signal .*)", root, re.M)
+    if rank:
+        errors = [t.split(":", 1)[1].strip() for t in lines if t.startswith(f"[rank{rank.group(1)}]:")
+                  and re.match(r"\w*(Error|Exception)\b", t.split(":", 1)[1].strip())]
+        detail = (signal_.group(1) if signal_ else errors[-1] if errors
+                  else f"exit code {exitcode.group(1) if exitcode else '?'}")
+        return f"DDP rank {rank.group(1)} failed: {detail}"
+    last = next((t for t in reversed(lines) if t.strip()), "no output")
+    return f"DDP job failed (torchrun exit code {code}): {last}"
