@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
-from torch import nn
 
 from .train import TrainConfig, TrainResult, train, write_json_atomic
 
@@ -257,7 +256,7 @@ def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
 
 
 class WarmupSGD(torch.optim.SGD):
-    """Plain SGD whose lr follows `warmup_lr` step by step (train() itself has no schedule)."""
+    """Plain SGD whose lr follows `warmup_lr` step by step."""
 
     def __init__(self, params, lr: float, warmup_steps: int):
         super().__init__(params, lr=lr)
@@ -271,25 +270,8 @@ class WarmupSGD(torch.optim.SGD):
 
 
 def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
-    """`train` (same data, model, DataParallel, epochs loop and divergence rule) with SGD's lr
-    warmed up linearly over the first `warmup_epochs` epochs. `train` takes no schedule, so
-    this swaps in `WarmupSGD` around train.py's own building blocks."""
-    from . import train as t
-    from .devices import describe_devices, resolve_devices
-    from .perf import resolve_switches
-    devices = resolve_devices(config.devices)
-    switches = resolve_switches(config, devices[0])
-    train_iter, test_iter = data if data is not None else t.load_data(config, devices[0],
-                                                                        switches)
-    _, net = t.build_model(config, devices, switches)
-    optimizer = WarmupSGD(net.parameters(), config.lr,
-                          warmup_steps=round(warmup_epochs * len(train_iter)))
-    result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
-                         num_devices=len(devices),
-                         data_source=getattr(train_iter, "source", "custom"),
-                         steps_per_epoch=len(train_iter),
-                         extra={"switches": switches.to_dict(), "warmup_epochs": warmup_epochs})
-    with t.cudnn_benchmark(switches.cudnn_benchmark):
-        t._epochs(config, net, train_iter, test_iter, optimizer, nn.CrossEntropyLoss(), devices,
-                  switches, result, None, None)
-    return result
+    """`train` with SGD's lr warmed up linearly over the first `warmup_epochs` epochs."""
+    def make_optimizer(params, steps_per_epoch):
+        return WarmupSGD(params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch))
+    return train(config, data=data, progress=False, make_optimizer=make_optimizer,
+                 extra={"warmup_epochs": warmup_epochs})

@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -300,8 +300,9 @@ def build_model(config: TrainConfig, devices, switches: Switches):
     return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
 
 
-def train(config: TrainConfig, *, data=None, plot: bool = False,
-          progress: bool = True) -> TrainResult:
+def train(config: TrainConfig, *, data=None, plot: bool = False, progress: bool = True,
+          make_optimizer: Optional[Callable] = None, extra: Optional[dict] = None
+          ) -> TrainResult:
     """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices.
 
     Args:
@@ -309,6 +310,9 @@ def train(config: TrainConfig, *, data=None, plot: bool = False,
         data: `(train_iter, test_iter)`; loaded from `config` when None.
         plot: show a live plot of test accuracy per epoch (in a notebook).
         progress: show a progress bar over steps and print the summary line.
+        make_optimizer: `(parameters, steps_per_epoch) -> optimizer`, for a schedule such as
+            a warmup (default: the chapter's plain SGD at `config.lr`).
+        extra: more entries for the result's `extra` (e.g. the schedule's settings).
     Returns:
         A `TrainResult`. A loss that becomes NaN or inf stops the run with status "diverged".
     """
@@ -316,13 +320,14 @@ def train(config: TrainConfig, *, data=None, plot: bool = False,
     switches = resolve_switches(config, devices[0])
     train_iter, test_iter = data if data is not None else load_data(config, devices[0], switches)
     _, net = build_model(config, devices, switches)
-    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr)
+    optimizer = (make_optimizer(net.parameters(), len(train_iter)) if make_optimizer
+                 else torch.optim.SGD(net.parameters(), lr=config.lr))
     loss_fn = nn.CrossEntropyLoss()
     result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
                          num_devices=len(devices),
                          data_source=getattr(train_iter, "source", "custom"),
                          steps_per_epoch=len(train_iter),
-                         extra={"switches": switches.to_dict()})
+                         extra={"switches": switches.to_dict(), **(extra or {})})
     live = _live_plot(config, result) if plot else None
     bar = _progress_bar(config, len(train_iter)) if progress else None
     try:
