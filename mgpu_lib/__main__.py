@@ -152,6 +152,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=positive_int, default=2)
     p.add_argument("--workers", type=int, help="reference DataLoader workers (default: 4, "
                                                "capped at the usable cores)")
+    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                   help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
     p.add_argument("--out", help="write the result JSON here")
 
 
@@ -160,7 +162,8 @@ def cmd_bench(args) -> int:
     from .train import write_json_atomic
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
-                   num_workers=args.workers)
+                   num_workers=args.workers,
+                   bf16={"auto": "auto", "on": True, "off": False}[args.bf16])
     print("\n".join(format_bench(result)))
     if args.out:
         write_json_atomic(args.out, result)

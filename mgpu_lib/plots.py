@@ -357,3 +357,29 @@ def plot_throughput(labels: Sequence[str], images_per_second: Sequence[float],
     ax.set_title(title, fontsize=9)
     ax.figure.tight_layout()
     return ax.figure
+
+
+def plot_accuracy_pairs(records: Sequence, *, title: str = "", ax=None):
+    """Final test accuracy of the reference and the fast loop for each recorded seed, joined by
+    a line, with each loop's mean dashed. `records` are `perf.compare_accuracy` dicts."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    records = sorted(records, key=lambda r: r.get("seed", 0))
+    seeds = [r.get("seed", i) for i, r in enumerate(records)]
+    ref = [r["reference"]["test_acc"][-1] for r in records]
+    fast = [r["fast"]["test_acc"][-1] for r in records]
+    for s, a, b in zip(seeds, ref, fast):
+        ax.plot([s - 0.12, s + 0.12], [a, b], color="0.6", lw=1)
+    for xs, ys, name, color in ((-0.12, ref, "reference", "tab:gray"),
+                                (0.12, fast, "fast", "tab:blue")):
+        ax.plot([s + xs for s in seeds], ys, "o", color=color, label=name)
+        ax.axhline(sum(ys) / len(ys), color=color, ls="--", lw=1)
+    ax.set_xticks(seeds)
+    ax.set_xlabel("seed (same initial weights and image order for both loops)")
+    ax.set_ylabel("final test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.figure.tight_layout()
+    return ax.figure

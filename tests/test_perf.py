@@ -60,9 +60,12 @@ def test_auto_never_picks_bf16_on_a_cpu_without_native_support(monkeypatch):
     assert resolve_switches(config.replace(bf16=True), "cpu").bf16 is True   # asked for: kept
 
 
-def test_auto_on_cpu_is_fixed_fp32_channels_last(monkeypatch):
-    """No probing: the same config gets the same switches, however busy the machine is."""
-    monkeypatch.setattr(perf, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+@pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"},
+                                   {"avx2", "fma"}])
+def test_auto_on_cpu_is_fixed_fp32_channels_last(monkeypatch, flags):
+    """No probing, and no bf16 on any CPU unless asked for: the same config gets the same
+    switches whatever the machine's load, and native bf16 does not change the numerics."""
+    monkeypatch.setattr(perf, "cpu_flags", lambda: flags)
     sw = resolve_switches(TrainConfig(width=4, batch_size=8), "cpu")
     assert sw == Switches(device_data=True, channels_last=True, bf16=False,
                           cudnn_benchmark=False, compile=False, eval_batch_size=perf.EVAL_BATCH)
@@ -116,6 +119,17 @@ def test_bench_measures_both_loops(tmp_path):
     assert any("ratio: fast / reference" in line for line in perf.format_bench(result))
 
 
+@pytest.mark.parametrize("flag, bf16", [("on", True), ("off", False)])
+def test_bench_bf16_flag_sets_the_fast_loop(tmp_path, flag, bf16):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--steps", "1", "--repeats", "1", "--warmup-steps", "1", "--width", "4",
+                 "--batch-size", "8", "--device", "cpu", "--workers", "0", "--bf16", flag,
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["modes"]["fast"]["switches"]["bf16"] is bf16
+    assert result["modes"]["reference"]["switches"]["bf16"] is False
+
+
 def test_bench_rejects_a_missing_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -143,3 +157,63 @@ def test_chapter_loader_visits_images_in_the_device_loaders_order():
         for _ in range(2):                       # two epochs: the orders stay in step
             for (xf, yf), (xr, yr) in zip(fast, ref):
                 assert torch.equal(yf, yr) and torch.allclose(xf, xr)
+
+
+def _acc_record(seed, ref, fast, bf16, ref_train=0.9, fast_train=0.9):
+    sw = Switches(device_data=True, channels_last=True, bf16=bf16).to_dict()
+    return {"profile": "cpu", "hardware": "CPU", "seed": seed, "gap_points": 100 * (fast - ref),
+            "reference": {"test_acc": [0.5, ref], "train_acc": [0.5, ref_train]},
+            "fast": {"test_acc": [0.5, fast], "train_acc": [0.5, fast_train],
+                     "extra": {"switches": sw}}}
+
+
+def test_summarize_accuracy_groups_by_fast_switches():
+    rows = perf.summarize_accuracy([_acc_record(0, 0.80, 0.82, True, fast_train=0.88),
+                                    _acc_record(1, 0.84, 0.83, True, fast_train=0.86),
+                                    _acc_record(0, 0.85, 0.80, False)])
+    by_fast = {r["fast"]: r for r in rows}
+    assert set(by_fast) == {"device data, channels_last, bf16 autocast",
+                            "device data, channels_last, fp32"}
+    bf16 = by_fast["device data, channels_last, bf16 autocast"]
+    assert bf16["seeds"] == 2
+    assert bf16["reference_mean"] == pytest.approx(0.82) and bf16["fast_mean"] == pytest.approx(0.825)
+    assert bf16["gap_mean_points"] == pytest.approx(0.5)
+    assert bf16["gap_se_points"] == pytest.approx(1.5)        # stdev(2, -1) / sqrt(2)
+    assert bf16["train_gap_mean_points"] == pytest.approx(-3.0)
+    assert by_fast["device data, channels_last, fp32"]["gap_mean_points"] == pytest.approx(-5.0)
+
+
+def test_paired_fast_gap_matches_seeds():
+    fp32 = [_acc_record(0, 0.8, 0.80, False), _acc_record(1, 0.8, 0.90, False)]
+    bf16 = [_acc_record(1, 0.8, 0.86, True), _acc_record(0, 0.8, 0.82, True),
+            _acc_record(2, 0.8, 0.10, True)]                 # seed 2 has no partner: ignored
+    gap = perf.paired_fast_gap(fp32, bf16)
+    assert gap["seeds"] == 2 and gap["mean_points"] == pytest.approx(-1.0)   # (+2 - 4) / 2
+    assert gap["se_points"] == pytest.approx(3.0)            # stdev(2, -4) / sqrt(2)
+    assert perf.paired_fast_gap([], bf16)["seeds"] == 0
+
+
+def test_plot_accuracy_pairs_draws_each_seed_and_the_means():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mgpu_lib.plots import plot_accuracy_pairs
+    recs = [{"seed": s, "reference": {"test_acc": [r]}, "fast": {"test_acc": [f]}}
+            for s, r, f in ((0, 0.80, 0.84), (1, 0.86, 0.82))]
+    fig = plot_accuracy_pairs(recs)
+    ax = fig.axes[0]
+    means = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--")
+    assert means == pytest.approx([0.83, 0.83])
+    points = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert [list(p.get_ydata()) for p in points] == [[0.80, 0.86], [0.84, 0.82]]
+
+
+def test_compare_accuracy_reuses_only_a_matching_reference():
+    from mgpu_lib.train import TrainResult
+    config = TrainConfig(width=4, batch_size=8, seed=0)
+    other = TrainResult(config=config.replace(seed=1, fast=False).to_dict(), hardware="CPU",
+                        num_devices=1, data_source="synthetic", steps_per_epoch=1)
+    with pytest.raises(ValueError, match="different config"):
+        perf.compare_accuracy(config, reference=other)
+    # the switches do not matter to the reference loop, so they do not block reuse
+    assert perf._without_switches(config.replace(bf16=True, channels_last=False).to_dict()) == \
+        perf._without_switches(config.replace(fast=False).to_dict())
