@@ -154,6 +154,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                                                "capped at the usable cores)")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                    help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
+    p.add_argument("--norm-fp32", action="store_true",
+                   help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
     p.add_argument("--out", help="write the result JSON here")
 
 
@@ -163,7 +165,8 @@ def cmd_bench(args) -> int:
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers,
-                   bf16={"auto": "auto", "on": True, "off": False}[args.bf16])
+                   bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
+                   norm_fp32=args.norm_fp32)
     print("\n".join(format_bench(result)))
     if args.out:
         write_json_atomic(args.out, result)

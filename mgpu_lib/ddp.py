@@ -31,7 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .data import DeviceLoader, load_subsets
 from .devices import describe_devices, num_gpus, DeviceError
-from .perf import resolve_switches
+from .perf import prepare_model, resolve_switches
 from .supervise import LOG, LaunchError, failure_message, supervise
 from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
                     synchronize, train_epoch, write_json_atomic)
@@ -258,9 +258,8 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) 
     train_iter, test_iter = _load_shards(config, rank, world, local_batch, device)
     # The fast path's layout and precision, as in train(); the shards here are always on the device.
     switches = resolve_switches(config, device)
-    net = make_model(config, device)      # same seed on every rank; DDP also broadcasts rank 0's
-    if switches.channels_last:
-        net = net.to(memory_format=torch.channels_last)
+    # same seed on every rank; DDP also broadcasts rank 0's weights
+    net = prepare_model(make_model(config, device), switches)
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     loss_fn = nn.CrossEntropyLoss()

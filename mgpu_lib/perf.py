@@ -42,6 +42,7 @@ class Switches:
     device_data: bool = False      # batches built on the device; loss read once per epoch
     channels_last: bool = False
     bf16: bool = False             # autocast; parameters and optimizer stay fp32
+    norm_fp32: bool = False        # under bf16: BatchNorm (and what follows it) in fp32
     cudnn_benchmark: bool = False
     compile: bool = False
     eval_batch_size: Optional[int] = None   # None: the training batch
@@ -53,7 +54,8 @@ class Switches:
         """E.g. 'device data, channels_last, fp32' or 'DataLoader+ToTensor, fp32, NCHW'."""
         parts = ["device data" if self.device_data else "DataLoader+ToTensor",
                  "channels_last" if self.channels_last else "NCHW",
-                 "bf16 autocast" if self.bf16 else "fp32"]
+                 ("bf16 autocast, BatchNorm fp32" if self.norm_fp32 else "bf16 autocast")
+                 if self.bf16 else "fp32"]
         parts += [name for name, on in (("cudnn.benchmark", self.cudnn_benchmark),
                                         ("compiled", self.compile)) if on]
         return ", ".join(parts)
@@ -61,8 +63,8 @@ class Switches:
 
 REFERENCE = Switches()
 # TrainConfig fields that only choose the fast path's switches
-SWITCH_FIELDS = ("fast", "device_data", "channels_last", "bf16", "cudnn_benchmark", "compile",
-                 "eval_batch_size")
+SWITCH_FIELDS = ("fast", "device_data", "channels_last", "bf16", "norm_fp32", "cudnn_benchmark",
+                 "compile", "eval_batch_size")
 
 
 def cpu_flags() -> set:
@@ -97,10 +99,26 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
     return False
 
 
-def _make_net(width: int, device, channels_last: bool, seed: int = 0) -> nn.Module:
+def _norm_input_fp32(module: nn.Module, args: tuple) -> tuple:
+    return (args[0].float(),) + tuple(args[1:])
+
+
+def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
+    """`net` in the switches' memory layout; with `norm_fp32` (under bf16), every BatchNorm gets
+    its input as fp32, so normalization, the ReLU after it and the residual sums run in fp32
+    while the convolutions stay bf16 (autocast casts their inputs back down)."""
+    if switches.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    if switches.bf16 and switches.norm_fp32:
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.register_forward_pre_hook(_norm_input_fp32)
+    return net
+
+
+def _make_net(width: int, device, switches: Switches, seed: int = 0) -> nn.Module:
     from .train import TrainConfig, make_model
-    net = make_model(TrainConfig(width=width, seed=seed), device)
-    return net.to(memory_format=torch.channels_last) if channels_last else net
+    return prepare_model(make_model(TrainConfig(width=width, seed=seed), device), switches)
 
 
 def resolve_switches(config, device) -> Switches:
@@ -116,8 +134,9 @@ def resolve_switches(config, device) -> Switches:
     accelerated = device.type in ("cuda", "cpu")
     channels_last = pick(config.channels_last, lambda: accelerated)
     bf16 = pick(config.bf16, lambda: cuda and native_bf16(device))
+    norm_fp32 = bf16 and bool(config.norm_fp32)
     return Switches(device_data=pick(config.device_data, lambda: True),
-                    channels_last=channels_last, bf16=bf16,
+                    channels_last=channels_last, bf16=bf16, norm_fp32=norm_fp32,
                     cudnn_benchmark=pick(config.cudnn_benchmark, lambda: cuda),
                     compile=pick(config.compile, lambda: False),
                     eval_batch_size=config.eval_batch_size or max(EVAL_BATCH, config.batch_size))
@@ -147,7 +166,7 @@ class _Mode:
                  num_workers: Optional[int]):
         from .data import DeviceLoader, chapter_loader
         self.switches, self.device = switches, device
-        self.net = _make_net(width, device, switches.channels_last)
+        self.net = _make_net(width, device, switches)
         self.model = torch.compile(self.net) if switches.compile else self.net
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.05)
         self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
@@ -221,16 +240,16 @@ def bench_device(device=None) -> torch.device:
 
 def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: int = 3,
           warmup_steps: int = 2, device=None, num_workers: Optional[int] = None,
-          bf16=AUTO) -> dict:
-    """The chapter's loop vs the fast loop ("auto" switches for `device`, with `bf16` as given),
-    measured together."""
+          bf16=AUTO, norm_fp32: bool = False) -> dict:
+    """The chapter's loop vs the fast loop ("auto" switches for `device`, with `bf16` and
+    `norm_fp32` as given), measured together."""
     from .data import chapter_workers
     from .devices import describe_devices
     from .model import forward_flops, resnet18
     from .train import TrainConfig
     device = bench_device(device)
-    fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16),
-                           device)
+    fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
+                                        norm_fp32=norm_fp32), device)
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
                     steps=steps, repeats=repeats, warmup_steps=warmup_steps, device=device,
                     num_workers=num_workers)
@@ -277,9 +296,9 @@ def ablation_modes(fast: Switches, device) -> dict:
     base = replace(REFERENCE, device_data=True, eval_batch_size=fast.eval_batch_size)
     modes = {"reference (the chapter's loop)": REFERENCE, "device data, no per-step sync": base,
              "+ channels_last": replace(base, channels_last=True)}
-    if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or \
-            (device.type == "cpu" and cpu_bf16_support() != "none"):
+    if native_bf16(device):
         modes["+ bf16 autocast"] = replace(base, bf16=True)
+        modes["+ bf16 autocast, BatchNorm fp32"] = replace(base, bf16=True, norm_fp32=True)
     if device.type == "cuda":
         modes["+ cudnn.benchmark"] = replace(base, cudnn_benchmark=True)
     modes["fast ('auto' switches)"] = fast

@@ -29,7 +29,7 @@ from torch import nn
 from .data import SOURCES, load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import describe_devices, resolve_devices
 from .model import init_weights, resnet18
-from .perf import Switches, resolve_switches
+from .perf import Switches, prepare_model, resolve_switches
 from .profiles import Profile, active_profile
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
@@ -62,6 +62,7 @@ class TrainConfig:
     device_data: Union[bool, str] = "auto"      # batches made on the device, no per-step sync
     channels_last: Union[bool, str] = "auto"
     bf16: Union[bool, str] = "auto"             # autocast to bf16; the weights stay fp32
+    norm_fp32: bool = False                     # under bf16: BatchNorm in fp32 (opt-in)
     cudnn_benchmark: Union[bool, str] = "auto"
     compile: Union[bool, str] = "auto"          # torch.compile; auto: off (compile time dominates)
     eval_batch_size: Optional[int] = None       # None: 1024 (at least batch_size) on the fast path
@@ -90,6 +91,8 @@ class TrainConfig:
             raise ValueError(f"num_workers must be 0 or more, got {self.num_workers!r}")
         if not isinstance(self.fast, bool):
             raise ValueError(f"fast must be True or False, got {self.fast!r}")
+        if not isinstance(self.norm_fp32, bool):
+            raise ValueError(f"norm_fp32 must be True or False, got {self.norm_fp32!r}")
         for name in ("device_data", "channels_last", "bf16", "cudnn_benchmark", "compile"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
@@ -293,9 +296,7 @@ def build_model(config: TrainConfig, devices, switches: Switches):
     if switches.compile and len(devices) > 1:
         raise ValueError("compile=True needs a single device: DataParallel replicates the "
                          "module every step")
-    net = make_model(config, devices[0])          # the chapter forgot this .to(devices[0])
-    if switches.channels_last:
-        net = net.to(memory_format=torch.channels_last)
+    net = prepare_model(make_model(config, devices[0]), switches)   # the chapter forgot .to()
     model = torch.compile(net) if switches.compile else net
     return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
 

@@ -80,7 +80,8 @@ def test_reference_config_turns_every_switch_off():
 
 
 @pytest.mark.parametrize("bad", [dict(bf16="yes"), dict(channels_last=1), dict(fast="auto"),
-                                 dict(eval_batch_size=0), dict(num_workers=-1)])
+                                 dict(eval_batch_size=0), dict(num_workers=-1),
+                                 dict(norm_fp32="auto")])
 def test_config_rejects_bad_switches(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
@@ -119,14 +120,17 @@ def test_bench_measures_both_loops(tmp_path):
     assert any("ratio: fast / reference" in line for line in perf.format_bench(result))
 
 
-@pytest.mark.parametrize("flag, bf16", [("on", True), ("off", False)])
-def test_bench_bf16_flag_sets_the_fast_loop(tmp_path, flag, bf16):
+@pytest.mark.parametrize("flags, bf16, norm_fp32", [(["--bf16", "on"], True, False),
+                                                    (["--bf16", "off"], False, False),
+                                                    (["--bf16", "on", "--norm-fp32"], True, True)])
+def test_bench_bf16_flags_set_the_fast_loop(tmp_path, flags, bf16, norm_fp32):
     out = tmp_path / "bench.json"
     assert main(["bench", "--steps", "1", "--repeats", "1", "--warmup-steps", "1", "--width", "4",
-                 "--batch-size", "8", "--device", "cpu", "--workers", "0", "--bf16", flag,
+                 "--batch-size", "8", "--device", "cpu", "--workers", "0", *flags,
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["modes"]["fast"]["switches"]["bf16"] is bf16
+    assert result["modes"]["fast"]["switches"]["norm_fp32"] is norm_fp32
     assert result["modes"]["reference"]["switches"]["bf16"] is False
 
 
@@ -217,3 +221,27 @@ def test_compare_accuracy_reuses_only_a_matching_reference():
     # the switches do not matter to the reference loop, so they do not block reuse
     assert perf._without_switches(config.replace(bf16=True, channels_last=False).to_dict()) == \
         perf._without_switches(config.replace(fast=False).to_dict())
+
+
+def test_norm_fp32_keeps_batchnorm_in_fp32_under_bf16():
+    from mgpu_lib.model import resnet18
+    from mgpu_lib.perf import prepare_model
+    dtypes = {}
+
+    def record(module, args, out):
+        dtypes.setdefault(type(module).__name__, set()).add(out.dtype)
+    for norm_fp32 in (False, True):
+        dtypes.clear()
+        net = prepare_model(resnet18(width=4), Switches(bf16=True, norm_fp32=norm_fp32))
+        for m in net.modules():
+            if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
+                m.register_forward_hook(record)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(torch.randn(2, 1, 28, 28))
+        assert dtypes["Conv2d"] == {torch.bfloat16}
+        assert dtypes["BatchNorm2d"] == ({torch.float32} if norm_fp32 else {torch.bfloat16})
+    assert Switches(bf16=True, norm_fp32=True).describe().endswith("bf16 autocast, BatchNorm fp32")
+    # without bf16 the switch does nothing, and by default it is off
+    assert resolve_switches(TrainConfig(width=4, batch_size=8, norm_fp32=True, bf16=False),
+                            "cpu").norm_fp32 is False
+    assert resolve_switches(TrainConfig(width=4, batch_size=8, bf16=True), "cpu").norm_fp32 is False

@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="cpu")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                    help="the fast loop's bf16 switch (auto: native bf16 only)")
+    p.add_argument("--norm-fp32", action="store_true",
+                   help="under bf16, run BatchNorm (and what follows it) in fp32")
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
     p.add_argument("--reuse", help="recorded files with '{seed}' whose reference to reuse")
     p.add_argument("--out", default=None,
@@ -46,13 +48,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     bf16 = {"auto": "auto", "on": True, "off": False}[args.bf16]
     tag = {"auto": "", "on": "_bf16", "off": "_fp32"}[args.bf16]
+    if args.norm_fp32:
+        if bf16 is not True:
+            p.error("--norm-fp32 applies to bf16: add --bf16 on")
+        tag += "_normfp32"
     out = args.out or str(ROOT / "results" / f"perf_accuracy_{args.profile}{tag}_seed{{seed}}.json")
     for seed in args.seeds:
         path = Path(out.format(seed=seed))
         if path.exists():
             print(f"seed {seed}: {path.name} exists, skipped", flush=True)
             continue
-        config = TrainConfig.from_profile(get_profile(args.profile), seed=seed, bf16=bf16)
+        config = TrainConfig.from_profile(get_profile(args.profile), seed=seed, bf16=bf16,
+                                          norm_fp32=args.norm_fp32)
         reference = None
         if args.reuse:
             recorded = json.loads(Path(args.reuse.format(seed=seed)).read_text())
