@@ -160,12 +160,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .perf import bench, format_bench
+    from .perf import BF16_FLAG, bench, format_bench
     from .train import write_json_atomic
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers,
-                   bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
+                   bf16=BF16_FLAG[args.bf16],
                    norm_fp32=args.norm_fp32)
     print("\n".join(format_bench(result)))
     if args.out:

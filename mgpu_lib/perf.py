@@ -24,7 +24,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import islice
 from typing import Optional
 
@@ -63,8 +63,9 @@ class Switches:
 
 REFERENCE = Switches()
 # TrainConfig fields that only choose the fast path's switches
-SWITCH_FIELDS = ("fast", "device_data", "channels_last", "bf16", "norm_fp32", "cudnn_benchmark",
-                 "compile", "eval_batch_size")
+SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
+# the --bf16 flag of `bench` and tools/record_accuracy.py, as a TrainConfig value
+BF16_FLAG = {"auto": AUTO, "on": True, "off": False}
 
 
 def cpu_flags() -> set:
@@ -335,7 +336,8 @@ def _mean_se(values: list) -> tuple:
 
 
 def summarize_accuracy(records: list) -> list:
-    """`compare_accuracy` records grouped by profile and fast-path switches, one dict per group.
+    """`compare_accuracy` records grouped by profile and fast-path switches, one dict per group
+    (its `records` included).
 
     Each seed's final-epoch gap (fast - reference, in points) is one sample; means come with
     their standard errors, since seeds alone move this model's final accuracy by a few points.
@@ -353,7 +355,8 @@ def summarize_accuracy(records: list) -> list:
                       for r in recs]
         gap, gap_se = _mean_se(gaps)
         train_gap, train_gap_se = _mean_se(train_gaps)
-        out.append({"profile": profile, "fast": describe, "seeds": len(recs),
+        out.append({"profile": profile, "fast": describe, "seeds": len(recs), "records": recs,
+                    "bf16": recs[0]["fast"]["extra"]["switches"]["bf16"],
                     "hardware": recs[0]["hardware"],
                     "reference_mean": statistics.mean(r["reference"]["test_acc"][-1] for r in recs),
                     "fast_mean": statistics.mean(r["fast"]["test_acc"][-1] for r in recs),

@@ -179,7 +179,8 @@ def test_summarize_accuracy_groups_by_fast_switches():
     assert set(by_fast) == {"device data, channels_last, bf16 autocast",
                             "device data, channels_last, fp32"}
     bf16 = by_fast["device data, channels_last, bf16 autocast"]
-    assert bf16["seeds"] == 2
+    assert bf16["seeds"] == 2 and len(bf16["records"]) == 2 and bf16["bf16"] is True
+    assert by_fast["device data, channels_last, fp32"]["bf16"] is False
     assert bf16["reference_mean"] == pytest.approx(0.82) and bf16["fast_mean"] == pytest.approx(0.825)
     assert bf16["gap_mean_points"] == pytest.approx(0.5)
     assert bf16["gap_se_points"] == pytest.approx(1.5)        # stdev(2, -1) / sqrt(2)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mgpu_lib.perf import compare_accuracy           # noqa: E402
+from mgpu_lib.perf import BF16_FLAG, compare_accuracy   # noqa: E402
 from mgpu_lib.profiles import get_profile            # noqa: E402
 from mgpu_lib.train import TrainConfig, TrainResult, write_json_atomic   # noqa: E402
 
@@ -36,7 +36,7 @@ def seed_list(text: str) -> list[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="cpu")
-    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--bf16", choices=list(BF16_FLAG), default="auto",
                    help="the fast loop's bf16 switch (auto: native bf16 only)")
     p.add_argument("--norm-fp32", action="store_true",
                    help="under bf16, run BatchNorm (and what follows it) in fp32")
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                    help="output pattern with '{seed}' (default results/perf_accuracy_<profile>"
                         "[_fp32|_bf16]_seed{seed}.json)")
     args = p.parse_args(argv)
-    bf16 = {"auto": "auto", "on": True, "off": False}[args.bf16]
+    bf16 = BF16_FLAG[args.bf16]
     tag = {"auto": "", "on": "_bf16", "off": "_fp32"}[args.bf16]
     if args.norm_fp32:
         if bf16 is not True:
