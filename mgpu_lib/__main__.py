@@ -2,16 +2,33 @@
 
     python -m mgpu_lib train --devices 1 --batch-size 256 --lr 0.1 --epochs 10 --out run.json
     python -m mgpu_lib train --profile smoke
-    python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store results/x.json
+    python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store runs/x.jsonl
+    python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
+    torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
 
-Exit codes: 0 done; 2 bad input (one line on stderr); 3 the run diverged (result still written).
+Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
+(its result is still written).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
+
+from .bench import bench, format_bench
+from .data import DataError
+from .ddp import COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
+from .devices import DeviceError, num_gpus
+from .profiles import active_profile, get_profile
+from .results import ResultsError, append, check_writable
+from .supervise import LOG
+from .sweep import sweep
+from .switches import BF16_FLAG
+from .train import TrainConfig, train
 
 
 def positive_int(text: str) -> int:
@@ -31,6 +48,16 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
 
 
@@ -64,6 +91,9 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nprocs", type=positive_int, help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
+    p.add_argument("--timeout", type=positive_float, default=COLLECTIVE_TIMEOUT_S,
+                   help="DDP: seconds a rank waits for a silent peer before the job fails "
+                        f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
 
 def build_parser() -> Parser:
@@ -74,13 +104,12 @@ def build_parser() -> Parser:
     add_strategy_args(train_parser)
     add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"))
     add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
+    add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"))
     return parser
 
 
-def config_from_args(args):
+def config_from_args(args) -> TrainConfig:
     """A `TrainConfig` from the profile, overridden by every flag that was given."""
-    from .profiles import active_profile, get_profile
-    from .train import TrainConfig
     profile = get_profile(args.profile) if args.profile else active_profile()
     overrides = {k: v for k, v in dict(
         devices=args.devices, batch_size=args.batch_size, lr=args.lr, num_epochs=args.epochs,
@@ -91,8 +120,9 @@ def config_from_args(args):
 
 
 def cmd_train(args) -> int:
-    from .train import train
     config = config_from_args(args)
+    if args.out:
+        check_writable(args.out)               # before training, not after
     if args.strategy == "ddp":
         result = _train_ddp(config, args)
         if result is None:
@@ -101,6 +131,7 @@ def cmd_train(args) -> int:
         raise ValueError("--nprocs, --checkpoint and --resume need --strategy ddp")
     else:
         result = train(config, progress=True)
+    print(result.summary())
     if args.out:
         result.save(args.out)
     return 0 if result.status == "ok" else 3
@@ -112,11 +143,12 @@ def vary_arg(text: str) -> tuple:
     name = {"epochs": "num_epochs"}.get(name.replace("-", "_"), name.replace("-", "_"))
     if not sep or not values:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,..., got {text!r}")
-    convert = {"lr": positive_float, "warmup_epochs": float, "nprocs": int}.get(name, positive_int)
+    convert = {"lr": positive_float, "warmup_epochs": nonnegative_float,
+               "nprocs": int}.get(name, positive_int)
     try:
         parsed = [convert(v) for v in values.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise argparse.ArgumentTypeError(f"bad value in {text!r}: {e}") from None
     if any(v < 0 for v in parsed):
         raise argparse.ArgumentTypeError(f"values must not be negative, got {text!r}")
     return name, parsed
@@ -128,11 +160,11 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
                    help="NAME=V1,V2,... (repeatable): batch_size, lr, num_epochs, devices, "
                         "warmup_epochs, nprocs (DDP processes; 0 = DataParallel)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--store", required=True, help="JSON store: read, then extended per point")
+    p.add_argument("--store", required=True,
+                   help="JSON Lines store: read, then one record appended per new point")
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import sweep
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -156,12 +188,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
     p.add_argument("--norm-fp32", action="store_true",
                    help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
-    p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--out", help="append the result as one line to this JSON Lines file")
 
 
 def cmd_bench(args) -> int:
-    from .perf import BF16_FLAG, bench, format_bench
-    from .train import write_json_atomic
+    if args.out:
+        check_writable(args.out)
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers,
@@ -169,13 +201,11 @@ def cmd_bench(args) -> int:
                    norm_fp32=args.norm_fp32)
     print("\n".join(format_bench(result)))
     if args.out:
-        write_json_atomic(args.out, result)
+        append(args.out, result)
     return 0
 
 
 def _train_ddp(config, args):
-    from .ddp import LaunchError, launch
-    from .devices import num_gpus
     if args.devices is not None:
         raise ValueError("with --strategy ddp, --nprocs sets the number of processes, "
                          "not --devices")
@@ -183,19 +213,56 @@ def _train_ddp(config, args):
         raise ValueError("--resume needs --checkpoint DIR")
     try:      # launch echoes rank 0's progress and summary lines
         return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
-                      resume=args.resume)
+                      resume=args.resume, collective_timeout_s=args.timeout,
+                      log=lambda line: print(line, flush=True))
     except LaunchError as e:    # a failed rank: one line, exit code 1
         print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
         return None
 
 
+def add_worker_args(p: argparse.ArgumentParser) -> None:
+    add_train_args(p)
+    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--timeout", type=positive_float, default=COLLECTIVE_TIMEOUT_S,
+                   help="seconds a collective may wait for a silent rank")
+    p.add_argument("--threads", type=positive_int,
+                   help="CPU threads per process (default: its share of this node's cores)")
+    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
+
+
+def cmd_worker(args) -> int:
+    """One rank of a torchrun job. A run that diverged exits 0 too: its result says so."""
+    if "RANK" not in os.environ:
+        raise ValueError("run this under torchrun: torchrun --nproc_per_node=N -m mgpu_lib "
+                         "worker ...")
+    if args.devices is not None:
+        raise ValueError("--devices does not apply: torchrun's --nproc_per_node sets the "
+                         "processes")
+    try:
+        config = (TrainConfig(**json.loads(Path(args.config).read_text())) if args.config
+                  else config_from_args(args))
+        if args.out:
+            check_writable(args.out)
+        run(config, backend=args.backend, checkpoint=args.checkpoint,
+                     resume=args.resume, out=args.out, timeout_s=args.timeout,
+                     threads=args.threads, log=lambda line: print(LOG + line, flush=True))
+    except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
+        print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,
+              flush=True)
+        return 2
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .data import DataError
-    from .devices import DeviceError
     args = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench}[args.command](args)
-    except (ValueError, DeviceError, DataError) as e:
+        return COMMANDS[args.command](args)
+    except (ValueError, DeviceError, DataError, ResultsError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

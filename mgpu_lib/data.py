@@ -6,9 +6,8 @@ Sources, in the order `source="auto"` tries them:
 3. `synthetic`: only with `allow_synthetic=True`, and always announced.
 
 Images stay uint8 on the target device; the iterator turns each batch into floats in [0, 1]
-(what the chapter's `ToTensor` does) with no per-sample PIL work. `load_fashion_mnist_chapter`
-builds the chapter's own pipeline from the same tensors, for comparison: a `DataLoader` with
-worker processes that turns every image into a PIL image and back through `ToTensor`.
+(what the chapter's `ToTensor` does) with no per-sample PIL work. The chapter's own pipeline,
+built from the same tensors, is `chapter.load_fashion_mnist_chapter`.
 """
 from __future__ import annotations
 
@@ -19,10 +18,10 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
+import warnings
 from typing import Iterator, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -40,24 +39,30 @@ class DataError(RuntimeError):
     """Data that is missing, corrupt or truncated; the message names the file."""
 
 
+def _name(path: Path) -> str:
+    """A file named with its folder, e.g. 'fashion-mnist/t10k-labels-idx1-ubyte.gz'."""
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
 def read_idx(path: Union[str, Path], ndim: int) -> torch.Tensor:
     """Read a (gzipped) IDX file of unsigned bytes with `ndim` dimensions, validating it."""
     path = Path(path)
+    name = _name(path)
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise DataError(f"{path.name}: cannot read ({e})") from None
+        raise DataError(f"{name}: cannot read ({e})") from None
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise DataError(f"{path.name}: truncated header ({len(raw)} bytes)")
+        raise DataError(f"{name}: truncated header ({len(raw)} bytes)")
     magic, *dims = struct.unpack(f">{1 + ndim}I", raw[:header])
     if magic != _MAGIC[ndim]:
-        raise DataError(f"{path.name}: bad IDX magic {magic:#x}, expected {_MAGIC[ndim]:#x}")
+        raise DataError(f"{name}: bad IDX magic {magic:#x}, expected {_MAGIC[ndim]:#x}")
     expected = math.prod(dims)
     if len(raw) - header != expected:
-        raise DataError(f"{path.name}: expected {expected} data bytes for shape {tuple(dims)}, "
+        raise DataError(f"{name}: expected {expected} data bytes for shape {tuple(dims)}, "
                         f"found {len(raw) - header} (truncated or corrupt)")
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
 
@@ -77,7 +82,7 @@ def read_folder(folder: Union[str, Path]) -> dict[str, torch.Tensor]:
     for key, stem in FILES.items():
         path = _find(folder, stem)
         if path is None:
-            raise DataError(f"{stem}.gz not found in the Fashion-MNIST folder {folder.name!r}")
+            raise DataError(f"{stem}.gz not found in the Fashion-MNIST folder {folder}")
         out[key] = read_idx(path, 3 if key.endswith("images") else 1)
     for split in ("train", "test"):
         images, labels = out[f"{split}_images"], out[f"{split}_labels"]
@@ -211,18 +216,23 @@ class DeviceLoader:
 
 def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
              allow_synthetic: bool = False) -> tuple[dict[str, torch.Tensor], str]:
-    """The four uint8 tensors and the name of the source they came from."""
+    """The four uint8 tensors and the name of the source they came from.
+
+    A folder that was named (`root`, or `MGPU_FASHION_MNIST_DIR`) is a promise: if it is missing
+    or bad, that is a `DataError` naming it. Synthetic data stands in only when nothing was named,
+    the download failed, and the caller allows it (with a warning).
+    """
     if source not in SOURCES:
         raise ValueError(f"unknown data source {source!r}; valid: {', '.join(SOURCES)}")
     if source == "synthetic":
         return synthetic_fashion_mnist(), "synthetic"
+    named = "root" if root else "MGPU_FASHION_MNIST_DIR"
     local = root or os.environ.get("MGPU_FASHION_MNIST_DIR")
-    if source == "local" or (source == "auto" and local and Path(local).is_dir()):
-        if not local:
-            raise DataError("source='local' needs a folder: pass root= or set "
-                            "MGPU_FASHION_MNIST_DIR")
+    if source == "local" and not local:
+        raise DataError("source='local' needs a folder: pass root= or set MGPU_FASHION_MNIST_DIR")
+    if local and source in ("auto", "local"):
         if not Path(local).is_dir():
-            raise DataError(f"Fashion-MNIST folder not found: {local}")
+            raise DataError(f"the Fashion-MNIST folder named by {named} does not exist: {local}")
         return read_folder(local), "local"
     try:
         return read_folder(download(data_root())), "torchvision"
@@ -230,8 +240,8 @@ def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
         raise
     except Exception as e:            # no network, HTTP errors, ...
         if source == "auto" and allow_synthetic:
-            print("Fashion-MNIST is not available here, so this run uses SYNTHETIC data "
-                  "(same shapes; accuracies are not Fashion-MNIST figures).")
+            warnings.warn("Fashion-MNIST is not available here, so this run uses SYNTHETIC data "
+                          "(same shapes; accuracies are not Fashion-MNIST figures)", stacklevel=2)
             return synthetic_fashion_mnist(), "synthetic"
         raise DataError(
             f"Fashion-MNIST could not be downloaded ({type(e).__name__}: {e}). Set "
@@ -272,101 +282,3 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
     test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
                              device=device, seed=seed, source=origin)
     return train_iter, test_iter
-
-
-class PILImages(Dataset):
-    """uint8 images served the way torchvision's `FashionMNIST` serves them.
-
-    Each item becomes a PIL image and then goes through `ToTensor`: real per-sample work in the
-    loader's worker processes, which is what the chapter's pipeline pays for every image.
-    """
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        from torchvision import transforms
-        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
-        self.transform = transforms.ToTensor()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
-        return self.transform(image), int(self.labels[i])
-
-
-class ChapterLoader(DataLoader):
-    """A `DataLoader` that also says where its data came from, like `DeviceLoader`."""
-
-    def __init__(self, *args, source: str = "unknown", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.source = source
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.dataset)
-
-
-class PermutationSampler(torch.utils.data.Sampler):
-    """One `torch.randperm` per epoch from a generator seeded once: `DeviceLoader`'s order.
-
-    (`RandomSampler` draws an extra permutation at the end of each epoch, so its orders drift
-    from `DeviceLoader`'s after the first epoch; fast and reference runs should see the same
-    images in the same order.)
-    """
-
-    def __init__(self, n: int, seed: int = 0):
-        self.n, self.generator = n, torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=self.generator).tolist())
-
-
-def chapter_workers(requested: Optional[int] = None) -> int:
-    """Worker processes for the chapter's loader: its 4, but no more than the usable cores.
-
-    D2L's `get_dataloader_workers()` returns 4. On a machine with fewer cores the extra workers
-    only compete with the training threads for the same cores, so the default is capped there.
-    """
-    if requested is not None:
-        if requested < 0:
-            raise ValueError(f"num_workers must be 0 or more, got {requested}")
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(4, cores or 1)
-
-
-def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
-                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
-                   source: str = "unknown") -> ChapterLoader:
-    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    workers = chapter_workers(num_workers)
-    dataset = PILImages(images, labels)
-    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
-    # Training drops a final partial batch, like DeviceLoader (see its docstring for why).
-    return ChapterLoader(dataset, batch_size=batch_size, sampler=sampler,
-                         drop_last=shuffle and len(dataset) >= batch_size,
-                         num_workers=workers, generator=torch.Generator().manual_seed(seed),
-                         source=source)
-
-
-def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
-                               train_limit: Optional[int] = None,
-                               test_limit: Optional[int] = None, seed: int = 0,
-                               allow_synthetic: bool = False,
-                               num_workers: Optional[int] = None
-                               ) -> tuple[ChapterLoader, ChapterLoader]:
-    """The same images as `load_fashion_mnist`, through the chapter's own pipeline (on the CPU).
-
-    `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
-    """
-    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
-                                              test_limit)
-    kw = dict(seed=seed, num_workers=num_workers, source=origin)
-    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
-            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

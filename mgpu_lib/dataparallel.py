@@ -12,15 +12,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 
-from .train import synchronize
+from .devices import synchronize, timed
 
 
 def _timed(fn, devices):
-    synchronize(devices)
-    t0 = time.perf_counter()
-    out = fn()
-    synchronize(devices)
-    return out, time.perf_counter() - t0
+    with timed(devices) as t:
+        out = fn()
+    return out, t.seconds
 
 
 def dp_breakdown(net: nn.Module, devices: Sequence[torch.device], batch_size: int,
@@ -65,12 +63,10 @@ def sync_timing(device: torch.device, size: int = 4096, reps: int = 10) -> tuple
     for _ in range(reps):
         a @ a
     unsynced = time.perf_counter() - t0
-    synchronize([device])
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ a
-    synchronize([device])
-    return unsynced, time.perf_counter() - t0
+    with timed([device]) as t:
+        for _ in range(reps):
+            a @ a
+    return unsynced, t.seconds
 
 
 def sharded_gradient_error(net: nn.Module, x: torch.Tensor, y: torch.Tensor,

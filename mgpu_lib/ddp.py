@@ -1,27 +1,22 @@
 """DistributedDataParallel: one process per device, gradients all-reduced during backward.
 
-    torchrun --nproc_per_node=2 -m mgpu_lib.ddp --profile smoke --epochs 3 --batch-size 64 --lr 0.05
     python -m mgpu_lib train --strategy ddp --nprocs 2 --profile smoke --checkpoint ckpt --resume
+    torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke --epochs 3 --batch-size 64
 
 The difference from `train.train` is small on purpose: a process group, a `DistributedSampler`
 shard of the data per rank, the model wrapped in `DistributedDataParallel`, and rank 0 alone
-evaluating, logging and saving. Without CUDA the backend is gloo and each process gets its share
-of the CPU threads, so N processes act as N "virtual devices".
+evaluating, logging and saving; the epoch loop is `train.fit`. Without CUDA the backend is gloo
+and each process gets its share of the CPU threads, so N processes act as N "virtual devices".
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
 import tempfile
-import time
-from contextlib import redirect_stdout
 from datetime import timedelta
-from io import StringIO
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,16 +25,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from .data import DeviceLoader, load_subsets
-from .devices import describe_devices, num_gpus, DeviceError
-from .perf import prepare_model, resolve_switches
-from .supervise import LOG, LaunchError, failure_message, supervise
-from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
-                    synchronize, train_epoch, write_json_atomic)
+from .devices import DeviceError, describe_devices, num_gpus
+from .results import check_writable, write_json_atomic
+from .supervise import WORKER_ERROR, LaunchError, RankInputError, failure_message, supervise
+from .switches import prepare_model, resolve_switches
+from .train import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
+                    make_step)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
 # A checkpoint continues only the run it came from: these settings must match (epochs may grow).
 CKPT_KEYS = ("batch_size", "lr", "seed", "width", "train_limit", "test_limit", "data_source")
+# A collective waits this long for a silent rank (a stopped or hung process) before failing.
+# Long enough for rank 0's evaluation at the end of an epoch, short enough to notice a hang.
+COLLECTIVE_TIMEOUT_S = 300.0
 
 
 class CheckpointError(ValueError):
@@ -82,31 +81,6 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0)
                                  seed=seed)
     sampler.set_epoch(epoch)    # without it every epoch would reuse the first epoch's order
     return torch.tensor(list(sampler), dtype=torch.int64)
-
-
-def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
-    """A ring all-reduce over `n` ranks, step by step: after each step, how many ranks'
-    gradients rank r's copy of chunk c sums (`counts[r][c]`). n - 1 reduce-scatter steps, then
-    n - 1 all-gather steps; in each, every rank sends one chunk to its right-hand neighbour."""
-    counts = [[1] * n for _ in range(n)]
-    steps = [("start", [row[:] for row in counts])]
-    for phase, chunk_of in (("reduce-scatter", lambda i, s: (i - s) % n),
-                            ("all-gather", lambda i, s: (i + 1 - s) % n)):
-        for s in range(n - 1):
-            sent = [(i, chunk_of(i, s), counts[i][chunk_of(i, s)]) for i in range(n)]
-            for i, c, k in sent:   # all sends happen at once: read first, then write
-                dest = counts[(i + 1) % n]
-                dest[c] = dest[c] + k if phase == "reduce-scatter" else k
-            steps.append((f"{phase} {s + 1}", [row[:] for row in counts]))
-    return steps
-
-
-def allreduce_bytes(num_params: int, n: int, bytes_per_param: int = 4) -> dict[str, float]:
-    """Bytes one step moves over the busiest device's link: DDP's ring all-reduce sends
-    2(n-1)/n of the gradients per device; DataParallel's GPU 0 sends n-1 weight copies out
-    and takes n-1 gradient copies in."""
-    size = num_params * bytes_per_param
-    return {"ddp_ring_per_device": 2 * (n - 1) / n * size, "dp_gpu0": 2 * (n - 1) * size}
 
 
 class ShardLoader:
@@ -174,7 +148,8 @@ def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[di
         first = (str(e).splitlines() or [type(e).__name__])[0][:120]
         raise CheckpointError(f"checkpoint {path.name} in {Path(folder).name!r} is truncated "
                               f"or corrupt ({first}); delete it or run without --resume") from None
-    if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT:
+    if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT or \
+            not isinstance(state.get("config"), dict):
         raise CheckpointError(f"checkpoint {path.name} is not an mgpu_lib DDP checkpoint "
                               f"(format {CKPT_FORMAT})")
     want = {k: getattr(config, k) for k in CKPT_KEYS}
@@ -202,7 +177,7 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
     net.load_state_dict(theirs)
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])   # nothing here draws random numbers yet; dropout would
-    for key in ("test_acc", "train_loss", "train_acc", "epoch_seconds", "images_per_second"):
+    for key in METRICS:
         setattr(result, key, list(state["result"][key]))
     result.extra["resumed_from_epoch"] = state["epoch"]
     return state["epoch"]
@@ -211,12 +186,13 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
 # ---- one rank ---------------------------------------------------------------------------------
 
 def run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: bool = False,
-        out=None, timeout_s: float = 1800, threads: Optional[int] = None
-        ) -> Optional[TrainResult]:
+        out=None, timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
+        log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
     """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment).
 
     On CPU each process uses `threads` threads, by default its share of this node's cores.
-    Returns the `TrainResult` on rank 0 and None elsewhere; rank 0 also writes it to `out`.
+    `timeout_s` bounds how long a collective waits for a silent rank. Returns the `TrainResult`
+    on rank 0 (which also writes it to `out` and calls `log` with its progress lines), else None.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = choose_backend(backend)
@@ -230,7 +206,8 @@ def run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: 
                                                                          world))))
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     try:
-        result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume)
+        result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume,
+                      log if rank == 0 else None)
         if rank == 0 and out:
             result.save(out)
         return result if rank == 0 else None
@@ -241,10 +218,8 @@ def run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: 
 def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, device):
     if rank != 0:
         dist.barrier()               # rank 0 downloads (if needed) before the others read
-    with redirect_stdout(StringIO() if rank else sys.stdout):   # one "synthetic" notice
-        xtr, ytr, xte, yte, origin = load_subsets(config.data_source, None,
-                                                  config.allow_synthetic, config.train_limit,
-                                                  config.test_limit)
+    xtr, ytr, xte, yte, origin = load_subsets(config.data_source, None, config.allow_synthetic,
+                                              config.train_limit, config.test_limit)
     if rank == 0:
         dist.barrier()
     train_iter = ShardLoader(xtr.to(device), ytr.to(device), local_batch, rank, world,
@@ -254,15 +229,14 @@ def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, d
     return train_iter, test_iter
 
 
-def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) -> TrainResult:
+def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume, log
+         ) -> TrainResult:
     train_iter, test_iter = _load_shards(config, rank, world, local_batch, device)
-    # The fast path's layout and precision, as in train(); the shards here are always on the device.
-    switches = resolve_switches(config, device)
+    switches = resolve_switches(config, device)   # the fast path's layout and precision
     # same seed on every rank; DDP also broadcasts rank 0's weights
     net = prepare_model(make_model(config, device), switches)
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    loss_fn = nn.CrossEntropyLoss()
     result = TrainResult(
         config=config.to_dict(), hardware=f"DDP, {world} x {backend} process(es) on "
         f"{describe_devices([device])}", num_devices=world, data_source=train_iter.source,
@@ -274,53 +248,39 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume) 
     state = load_checkpoint(checkpoint, config, world) if checkpoint and resume else None
     if state is not None:
         start = restore(state, net, optimizer, result)
-    elif resume and rank == 0:
-        print(f"{LOG}no checkpoint to resume from; starting at epoch 1", flush=True)
-    for epoch in range(start, config.num_epochs):
-        if not _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch,
-                      result, rank, switches):
-            break
-        if rank == 0 and checkpoint:
-            save_checkpoint(checkpoint, net, optimizer, config, world, result)
-    if rank == 0:
-        print(LOG + result.summary(), flush=True)
+    elif resume and log:
+        log("no checkpoint to resume from; starting at epoch 1")
+
+    def before_epoch(epoch: int) -> None:
+        train_iter.set_epoch(epoch)
+        dist.barrier()               # start the clock together (rank 0 was evaluating)
+
+    def on_epoch(r: TrainResult) -> None:
+        if checkpoint:
+            save_checkpoint(checkpoint, net, optimizer, config, world, r)
+        if log:
+            log(f"epoch {len(r.train_loss)}/{config.num_epochs}: loss {r.train_loss[-1]:.3f}, "
+                f"train acc {r.train_acc[-1]:.3f}, test acc {r.test_acc[-1]:.3f}, "
+                f"{r.epoch_seconds[-1]:.2f} s")
+
+    fit(make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches), train_iter, result,
+        model=model, num_epochs=config.num_epochs, devices=[device], start_epoch=start,
+        # every rank sees the same totals, so all of them stop together on a divergence
+        reduce=dist.all_reduce, before_epoch=before_epoch,
+        # the unwrapped net: evaluation needs no collectives
+        evaluate=(lambda: evaluate_accuracy(net, test_iter, switches=switches))
+        if rank == 0 else None,
+        on_epoch=on_epoch if rank == 0 else None)
+    if log:
+        log(result.summary())
     return result
-
-
-def _epoch(model, net, train_iter, test_iter, optimizer, loss_fn, device, epoch, result,
-           rank, switches=None) -> bool:
-    """One epoch on every rank; rank 0 evaluates and logs. False once the run diverged."""
-    train_iter.set_epoch(epoch)
-    dist.barrier()                   # start the clock together (rank 0 was evaluating)
-    t0 = time.perf_counter()
-    loss_sum, correct, n = train_epoch(model, train_iter, optimizer, loss_fn, device,
-                                       switches=switches)
-    stats = torch.stack([loss_sum.double(), correct.double(),
-                         torch.tensor(float(n), dtype=torch.float64, device=device)])
-    dist.all_reduce(stats)           # every rank sees the same totals, so all stop together
-    synchronize([device])
-    seconds = time.perf_counter() - t0
-    loss, acc, total = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item(), \
-        stats[2].item()
-    result.train_loss.append(loss)
-    if diverged(loss):
-        result.status = "diverged"
-        return False
-    result.train_acc.append(acc)
-    result.epoch_seconds.append(seconds)
-    result.images_per_second.append(total / seconds)
-    if rank == 0:                    # the unwrapped net: evaluation needs no collectives
-        result.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
-        print(f"{LOG}epoch {epoch + 1}/{result.config['num_epochs']}: loss {loss:.3f}, "
-              f"train acc {acc:.3f}, test acc {result.test_acc[-1]:.3f}, {seconds:.2f} s",
-              flush=True)
-    return True
 
 
 # ---- the launcher -----------------------------------------------------------------------------
 
 def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
-           checkpoint=None, resume: bool = False, progress: bool = True) -> TrainResult:
+           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
+           resume: bool = False, log: Optional[Callable[[str], None]] = None) -> TrainResult:
     """Run `config` as a torchrun job of `nprocs` processes on this machine; rank 0's result.
 
     Args:
@@ -328,9 +288,13 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
         nprocs: processes (one per GPU with nccl; "virtual devices" sharing the CPU with gloo).
         backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
         timeout_s: the whole job's limit; past it every process is stopped.
+        collective_timeout_s: how long a rank waits in a collective for a silent peer.
         checkpoint: a folder for per-epoch checkpoints; `resume` continues from the last one.
-        progress: echo rank 0's progress lines as they arrive.
+        log: called with each of rank 0's progress lines as it arrives (e.g. `print`).
+    Returns:
+        Rank 0's `TrainResult`; a diverged run is a result with status "diverged".
     Raises:
+        RankInputError: a rank refused its input (missing data, say): a ValueError.
         LaunchError: a rank failed or the job timed out (the message names the rank and error).
     """
     backend = choose_backend(backend)
@@ -338,60 +302,24 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
     if backend == "nccl" and nprocs > num_gpus():
         raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
                           f"{num_gpus()}")
+    if checkpoint:
+        check_writable(Path(checkpoint) / CKPT_NAME)     # a folder we cannot write: now
     if checkpoint and resume:
         load_checkpoint(checkpoint, config, nprocs)      # a bad checkpoint: one line, now
     with tempfile.TemporaryDirectory(prefix="mgpu-ddp-") as tmp:
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
         write_json_atomic(cfg, config.to_dict())
         args = ["--config", str(cfg), "--out", str(out), "--backend", backend,
-                "--timeout", str(timeout_s)]
+                "--timeout", str(collective_timeout_s)]
         if checkpoint:
             args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nprocs}", "--max-restarts=0", "-m", "mgpu_lib.ddp", *args]
+               f"--nproc-per-node={nprocs}", "--max-restarts=0", "-m", "mgpu_lib", "worker",
+               *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
-        code, tail = supervise(cmd, env, timeout_s, progress)
+        code, tail = supervise(cmd, env, timeout_s, log)
         if code != 0:
-            raise LaunchError(failure_message(code, tail))
+            own = any(WORKER_ERROR.search(line) for line in tail)
+            raise (RankInputError if own else LaunchError)(failure_message(code, tail))
         return TrainResult.load(out)
-
-
-# ---- the torchrun entry point -----------------------------------------------------------------
-
-def main(argv=None) -> int:
-    """`torchrun ... -m mgpu_lib.ddp [train flags]`: argparse stays thin and delegates."""
-    from .__main__ import (Parser, add_train_args, config_from_args, positive_float,
-                           positive_int)
-    from .data import DataError
-    p = Parser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
-               description="Train with DistributedDataParallel, one process per device.")
-    add_train_args(p)
-    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=positive_float, default=1800.0,
-                   help="seconds a collective may wait for a silent rank")
-    p.add_argument("--threads", type=positive_int,
-                   help="CPU threads per process (default: its share of this node's cores)")
-    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
-    args = p.parse_args(argv)
-    if "RANK" not in os.environ:
-        p.error("run this under torchrun: torchrun --nproc_per_node=N -m mgpu_lib.ddp ...")
-    if args.devices is not None:
-        p.error("--devices does not apply: torchrun's --nproc_per_node sets the processes")
-    rank = os.environ["RANK"]
-    try:
-        config = (TrainConfig(**json.loads(Path(args.config).read_text())) if args.config
-                  else config_from_args(args))
-        result = run(config, backend=args.backend, checkpoint=args.checkpoint,
-                     resume=args.resume, out=args.out, timeout_s=args.timeout,
-                     threads=args.threads)
-    except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
-        print(f"mgpu_lib.ddp rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 3 if result is not None and result.status != "ok" else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

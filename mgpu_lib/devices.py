@@ -1,4 +1,4 @@
-"""Which devices exist, which ones a run uses, and how to name them beside a figure.
+"""Which devices exist, which ones a run uses, how to time them, and how to name them.
 
 Nothing is resolved at import time: every function looks at the hardware when it is called.
 """
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -71,16 +72,67 @@ def _describe_available() -> str:
     return "no GPU (only the CPU)"
 
 
-def cpu_name() -> str:
-    """The CPU's model name, read from /proc/cpuinfo where it exists."""
+def _cpuinfo(field: str) -> Optional[str]:
+    """The first `field : value` line of /proc/cpuinfo (None where there is no such file)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return " ".join(line.split(":", 1)[1].split())
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name, read from /proc/cpuinfo where it exists."""
+    name = _cpuinfo("model name")
+    if name:
+        return " ".join(name.split())
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> set:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is no such file)."""
+    return set((_cpuinfo("flags") or "").split())
+
+
+def cpu_bf16_support(flags: Optional[set] = None) -> str:
+    """"amx" (AMX-BF16 tiles), "avx512_bf16" (bf16 dot products) or "none" (emulated)."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return "none"
+
+
+def synchronize(devices) -> None:
+    """Wait for queued GPU work, so a timer reads finished work, not launched work."""
+    for d in devices:
+        if torch.device(d).type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+class timed:
+    """`with timed(devices) as t: work()` then `t.seconds`: wall time of finished work.
+
+    It synchronizes `devices` before starting the clock and before stopping it; without that a
+    GPU timer measures how long it took to launch the work, not to do it.
+    """
+
+    def __init__(self, devices=()):
+        self.devices = list(devices)
+        self.seconds = float("nan")
+
+    def __enter__(self) -> "timed":
+        synchronize(self.devices)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        synchronize(self.devices)
+        self.seconds = time.perf_counter() - self._t0
 
 
 def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:

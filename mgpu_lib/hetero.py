@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -22,10 +23,9 @@ import torch
 from torch import nn
 
 from .data import load_fashion_mnist
-from .devices import cpu_name, describe_devices, num_gpus
+from .devices import cpu_name, describe_devices, num_gpus, synchronize, timed
 from .split import check_speeds, split_sizes
-from .train import (TrainConfig, TrainResult, diverged, evaluate_accuracy, make_model,
-                    synchronize)
+from .train import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
 
 SIMULATED = "SIMULATED"
 
@@ -61,14 +61,28 @@ def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 
     x = torch.rand(batch_size, 1, 28, 28, generator=g).to(device)
     y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
     loss_fn = nn.CrossEntropyLoss()
-    for i in range(warmup + steps):
-        if i == warmup:
-            synchronize([device])
-            t0 = time.perf_counter()
+
+    def one_step():
         net.zero_grad(set_to_none=True)
         forward_backward(net, x, y, loss_fn, slowdown=slowdown)
-    synchronize([device])
-    return batch_size * steps / (time.perf_counter() - t0)
+
+    for _ in range(warmup):
+        one_step()
+    with timed([device]) as t:
+        for _ in range(steps):
+            one_step()
+    return batch_size * steps / t.seconds
+
+
+def median_seconds(fn, devices, steps: int) -> float:
+    """Median seconds of `fn()` over `steps` timed calls, after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(steps):
+        with timed(devices) as t:
+            fn()
+        times.append(t.seconds)
+    return statistics.median(times)
 
 
 @contextlib.contextmanager
@@ -227,30 +241,21 @@ def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
     for r in hdp.replicas:
         for p in r.parameters():
             p.grad = torch.ones_like(p)
-    times = []
-    for _ in range(steps + 1):
-        synchronize(hdp.devices)
-        t0 = time.perf_counter()
+
+    def sync():
         hdp._reduce_grads(everyone)
         hdp._broadcast()
-        synchronize(hdp.devices)
-        times.append(time.perf_counter() - t0)
+
+    seconds = median_seconds(sync, hdp.devices, steps)
     for r in hdp.replicas:
         r.zero_grad(set_to_none=True)
-    return sorted(times[1:])[len(times[1:]) // 2]    # median, after one warm-up
+    return seconds
 
 
 def time_split(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, sizes: Sequence[int], *,
                steps: int = 3) -> float:
     """Measured median seconds per `hdp.step` with the given shard sizes (after one warm-up)."""
-    times = []
-    for _ in range(steps + 1):
-        synchronize(hdp.devices)
-        t0 = time.perf_counter()
-        hdp.step(x, y, optimizer, loss_fn, sizes)
-        synchronize(hdp.devices)
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    return median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn, sizes), hdp.devices, steps)
 
 
 # ---- a small trainer ------------------------------------------------------------------------
@@ -260,7 +265,7 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
     """Train a fresh ResNet-18 with `HeteroDataParallel` over `setup` (default: `default_setup()`).
 
     Each device's speed is measured first, and every batch is split by `split_sizes`.
-    `config.devices` is not used: the setup names the devices. Prints the summary line.
+    `config.devices` is not used: the setup names the devices.
     """
     setup = setup or default_setup()
     main = torch.device(setup.devices[0])
@@ -281,32 +286,14 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
                                  num_devices=len(setup.devices),
                                  data_source=getattr(train_iter, "source", "custom"),
                                  steps_per_epoch=len(train_iter), extra=extra)
-            _fit(hdp, config, train_iter, test_iter, result)
-    if progress:
-        print(result.summary())
+            optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
+            loss_fn = nn.CrossEntropyLoss()
+            bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
+            try:
+                fit(lambda x, y: hdp.step(x, y, optimizer, loss_fn), train_iter, result,
+                    model=hdp, num_epochs=config.num_epochs, devices=hdp.devices,
+                    evaluate=lambda: evaluate_accuracy(hdp.module, test_iter), bar=bar)
+            finally:
+                if bar is not None:
+                    bar.close()
     return result
-
-
-def _fit(hdp: HeteroDataParallel, config: TrainConfig, train_iter, test_iter,
-         result: TrainResult) -> None:
-    optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
-    loss_fn = nn.CrossEntropyLoss()
-    for _ in range(config.num_epochs):
-        hdp.train()
-        synchronize(hdp.devices)
-        t0 = time.perf_counter()
-        loss_sum, correct, n = 0.0, 0, 0
-        for x, y in train_iter:
-            step_loss, step_correct = hdp.step(x, y, optimizer, loss_fn)
-            loss_sum, correct, n = loss_sum + step_loss, correct + step_correct, n + len(y)
-        synchronize(hdp.devices)
-        seconds = time.perf_counter() - t0
-        loss = float(loss_sum) / n
-        result.train_loss.append(loss)
-        if diverged(loss):
-            result.status = "diverged"
-            return
-        result.train_acc.append(int(correct) / n)
-        result.epoch_seconds.append(seconds)
-        result.images_per_second.append(n / seconds)
-        result.test_acc.append(evaluate_accuracy(hdp.module, test_iter))

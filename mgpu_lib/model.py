@@ -98,6 +98,9 @@ def block_shapes(net: nn.Sequential, input_shape=(1, 1, 28, 28)) -> list[tuple[s
     return shapes
 
 
+TRAIN_FLOPS_FACTOR = 3  # a training step ~ forward + backward (2x forward) FLOPs
+
+
 def forward_flops(net: nn.Module, input_shape=(1, 1, 28, 28)) -> int:
     """Forward FLOPs per image of the convolutions and linear layers (1 multiply-add = 2 FLOPs).
 
@@ -127,54 +130,6 @@ def forward_flops(net: nn.Module, input_shape=(1, 1, 28, 28)) -> int:
         for h in hooks:
             h.remove()
     return total // input_shape[0]
-
-
-# --- The chapter's original construction, kept only to show its pitfalls -------------------------
-
-def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
-    """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers.
-
-    Lazy layers learn their input size at the first forward pass; until then their weights are
-    `UninitializedParameter`s and their class is `LazyConv2d`, not `Conv2d`.
-    """
-    class LazyResidual(nn.Module):
-        def __init__(self, channels: int, use_1x1conv: bool = False, strides: int = 1):
-            super().__init__()
-            self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
-            self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
-            self.conv3 = nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv else None
-            self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
-
-        def forward(self, x):
-            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-            return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
-
-    def stage(channels: int, first: bool) -> nn.Sequential:
-        return nn.Sequential(LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
-                             LazyResidual(channels))
-
-    w = width
-    net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
-                        nn.BatchNorm2d(w), nn.ReLU())
-    for i, (channels, first) in enumerate([(w, True), (2 * w, False), (4 * w, False),
-                                           (8 * w, False)], start=1):
-        net.add_module(f"resnet_block{i}", stage(channels, first))
-    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
-    net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(8 * w, num_classes)))
-    return net
-
-
-def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
-    """The chapter's init, `type(m) in [nn.Linear, nn.Conv2d]`; returns how many layers it reached.
-
-    The exact type test skips `LazyConv2d` layers that have not seen data yet.
-    """
-    reached = 0
-    for m in net.modules():
-        if type(m) in (nn.Linear, nn.Conv2d):
-            nn.init.normal_(m.weight, std=std)
-            reached += 1
-    return reached
 
 
 def count_layers(net: nn.Module) -> int:

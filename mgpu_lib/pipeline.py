@@ -20,8 +20,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .data import DeviceLoader
+from .devices import timed
 from .hetero import forward_backward
-from .train import synchronize
 
 
 class AugmentedImages(torch.utils.data.Dataset):
@@ -119,20 +119,20 @@ def time_batches(make_batches: Callable[[], Iterable], device, steps: int,
                  step_fn: Callable = None, warmup: int = 2) -> float:
     """Images per second over `steps` batches after `warmup` (worker start-up excluded)."""
     it = iter(make_batches())
-    n = 0
-    for i in range(warmup + steps):
-        if i == warmup:
-            synchronize([device])
-            t0 = time.perf_counter()
+
+    def one(count: bool) -> int:
         x, y = next(it)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if step_fn is not None:
             step_fn(x, y)
-        n += len(y) if i >= warmup else 0
-    synchronize([device])
-    seconds = time.perf_counter() - t0
+        return len(y) if count else 0
+
+    for _ in range(warmup):
+        one(False)
+    with timed([device]) as t:
+        n = sum(one(True) for _ in range(steps))
     del it                     # shuts down DataLoader workers
-    return n / seconds
+    return n / t.seconds
 
 
 def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[], Iterable]]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from .results import mean_std_se, summarize
+from .scaling import ring_allreduce_steps
+
 
 def _in_notebook() -> bool:
     try:
@@ -19,11 +22,11 @@ def _in_notebook() -> bool:
 class LivePlot:
     """Test accuracy per epoch, redrawn in place in a notebook (D2L's Animator, minus its state).
 
-    Outside a notebook it does nothing. `close()` leaves the final figure in the cell output.
+    Pass its `update` as `train(..., on_epoch=...)`. Outside a notebook it does nothing.
     """
 
-    def __init__(self, num_epochs: int, title: str = "", ylabel: str = "test acc"):
-        self.num_epochs, self.title, self.ylabel = num_epochs, title, ylabel
+    def __init__(self, title: Optional[str] = None):
+        self.title = title
         self.enabled = _in_notebook()
         self.handle = None
         self.fig = None
@@ -41,20 +44,17 @@ class LivePlot:
         epochs = range(1, len(result.test_acc) + 1)
         ax.plot(epochs, result.test_acc, "o-", label="test acc")
         ax.plot(epochs, result.train_acc, "s--", alpha=0.6, label="train acc")
-        ax.set_xlim(0.8, self.num_epochs + 0.2)
+        ax.set_xlim(0.8, result.config["num_epochs"] + 0.2)
         ax.set_xlabel("epoch")
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-        ax.set_title(self.title, fontsize=8)
+        ax.set_title(self.title or result.hardware, fontsize=8)
         self.fig.tight_layout()
         if self.handle is None:
             self.handle = display(self.fig, display_id=True)
         else:
             self.handle.update(self.fig)
-
-    def close(self) -> None:
-        self.fig = None
 
 
 def plot_curves(results: Sequence, labels: Sequence[str], *, metric: str = "test_acc",
@@ -77,13 +77,11 @@ def plot_curves(results: Sequence, labels: Sequence[str], *, metric: str = "test
 
 def plot_mean_std(xs: Sequence, groups: Sequence[Sequence[float]], *, label: str,
                   ax=None, fmt: str = "o-", color: Optional[str] = None):
-    """Mean and standard deviation of each group of values, as points with error bars."""
-    import numpy as np
+    """Mean and sample standard deviation of each group of values, as points with error bars."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
-    means = [float(np.mean(g)) for g in groups]
-    stds = [float(np.std(g)) for g in groups]
+    means, stds, _ = zip(*(mean_std_se(g) for g in groups))
     ax.errorbar(xs, means, yerr=stds, fmt=fmt, capsize=4, label=label, color=color)
     return ax
 
@@ -167,7 +165,6 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
     mean +- sample std over seeds. Diverged seeds are marked with a red x at the bottom.
     Returns (ax, twin_ax)."""
     import matplotlib.pyplot as plt
-    from .sweep import summarize
     rows = summarize(records, x)
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.4))
@@ -280,7 +277,6 @@ def draw_ring_allreduce(n: int = 4, *, title: str = ""):
     the cells that just arrived are outlined. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-    from .ddp import ring_allreduce_steps
     steps = ring_allreduce_steps(n)
     fig, axes = plt.subplots(1, len(steps), figsize=(1.45 * len(steps), 2.4))
     previous = steps[0][1]
@@ -314,10 +310,10 @@ def sweep_explorer(records: Sequence, *, title: str = ""):
 
     def show(batch_size, lr):
         chosen = [r for r in runs if r.config["batch_size"] == batch_size and r.config["lr"] == lr]
-        if not chosen:
-            print(f"no stored run with batch {batch_size} and lr {lr:g}")
-            return
         _, ax = plt.subplots(figsize=(5.5, 3.4))
+        if not chosen:
+            ax.text(0.5, 0.5, f"no stored run with batch {batch_size} and lr {lr:g}",
+                    ha="center", va="center", transform=ax.transAxes)
         for r in sorted(chosen, key=lambda r: r.seed):
             acc = r.metrics["test_acc"]
             ax.plot(range(1, len(acc) + 1), acc, "o-", ms=3, label=f"seed {r.seed}")
@@ -361,7 +357,7 @@ def plot_throughput(labels: Sequence[str], images_per_second: Sequence[float],
 
 def plot_accuracy_pairs(records: Sequence, *, title: str = "", ax=None):
     """Final test accuracy of the reference and the fast loop for each recorded seed, joined by
-    a line, with each loop's mean dashed. `records` are `perf.compare_accuracy` dicts."""
+    a line, with each loop's mean dashed. `records` are `accuracy.pairs` dicts."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))

@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from .devices import describe_devices
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -61,6 +63,5 @@ def active_profile() -> Profile:
 
 def banner(profile: Optional[Profile] = None) -> str:
     """One line for a notebook's setup cell: the active profile and the hardware."""
-    from .devices import describe_devices
     p = profile or active_profile()
     return f"profile: {p.name} ({p.about}) | hardware: {describe_devices()}"

@@ -130,6 +130,31 @@ def ring_allreduce_s(nbytes: float, n: int, gbs: float, latency_s: float = 0.0) 
     return 2 * (n - 1) / n * nbytes / (gbs * 1e9) + 2 * (n - 1) * latency_s
 
 
+def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
+    """A ring all-reduce over `n` ranks, step by step: after each step, how many ranks'
+    gradients rank r's copy of chunk c sums (`counts[r][c]`). n - 1 reduce-scatter steps, then
+    n - 1 all-gather steps; in each, every rank sends one chunk to its right-hand neighbour."""
+    counts = [[1] * n for _ in range(n)]
+    steps = [("start", [row[:] for row in counts])]
+    for phase, chunk_of in (("reduce-scatter", lambda i, s: (i - s) % n),
+                            ("all-gather", lambda i, s: (i + 1 - s) % n)):
+        for s in range(n - 1):
+            sent = [(i, chunk_of(i, s), counts[i][chunk_of(i, s)]) for i in range(n)]
+            for i, c, k in sent:   # all sends happen at once: read first, then write
+                dest = counts[(i + 1) % n]
+                dest[c] = dest[c] + k if phase == "reduce-scatter" else k
+            steps.append((f"{phase} {s + 1}", [row[:] for row in counts]))
+    return steps
+
+
+def allreduce_bytes(num_params: int, n: int, bytes_per_param: int = 4) -> dict[str, float]:
+    """Bytes one step moves over the busiest device's link: DDP's ring all-reduce sends
+    2(n-1)/n of the gradients per device; DataParallel's GPU 0 sends n-1 weight copies out
+    and takes n-1 gradient copies in."""
+    size = num_params * bytes_per_param
+    return {"ddp_ring_per_device": 2 * (n - 1) / n * size, "dp_gpu0": 2 * (n - 1) * size}
+
+
 def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
     """DataParallel's traffic, all through device 0's one link, every step:
     broadcast the weights (pipelined: ~ bytes / bw), scatter inputs, gather outputs, and

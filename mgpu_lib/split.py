@@ -1,7 +1,8 @@
 """Splitting one batch across devices of different speed: the arithmetic, with no torch.
 
-Give each device a share of the batch proportional to its measured speed, so every shard
-finishes at the same moment: that minimizes the slowest shard's time. Then pay the sync:
+Give each device a share of the batch in proportion to its measured speed, so every shard
+finishes at about the same moment; in whole samples, the split whose slowest shard finishes
+first (`split_sizes`). Then pay the sync:
 gradients travel to the main device, weights travel back. `best_split` and `worth_it` weigh the
 two with measured numbers (from `hetero.py`).
 """
@@ -30,49 +31,25 @@ def check_speeds(speeds: Sequence[float]) -> list[float]:
 
 
 def split_sizes(total: int, speeds: Sequence[float]) -> list[int]:
-    """Shares of a batch of `total` samples in proportion to `speeds`, by largest remainder.
+    """Whole-sample shares of a batch of `total` whose slowest shard, `max(n_i / s_i)`, finishes
+    first: the exact optimum over all integer splits.
 
-    The shares always sum to `total`. A zero speed is allowed and means "give it nothing"; a
-    device whose proportional quota is below one sample also gets 0 (one sample would make it
-    the slowest shard), and its quota goes to the others. Exact rational arithmetic, so the
-    answer never depends on float rounding. Ties go to the faster device, then the first.
-    """
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an integer >= 0, got {total!r}")
-    s = [Fraction(v) for v in check_speeds(speeds)]
-    active = [i for i, v in enumerate(s) if v > 0]
-    while True:   # drop the slowest under-one-sample device until every active one earns one
-        norm = sum(s[i] for i in active)
-        quota = {i: total * s[i] / norm for i in active}
-        low = [i for i in active if quota[i] < 1]
-        if not low or len(active) == 1:
-            break
-        active.remove(min(low, key=lambda i: (s[i], -i)))
-    sizes = [0] * len(s)
-    for i in active:
-        sizes[i] = math.floor(quota[i])
-    by_remainder = sorted(active, key=lambda i: (-(quota[i] - sizes[i]), -s[i], i))
-    for i in by_remainder[:total - sum(sizes)]:
-        sizes[i] += 1
-    return sizes
-
-
-def minmax_sizes(total: int, speeds: Sequence[float]) -> list[int]:
-    """Whole-sample shares that minimize the slowest shard's time `max(n_i / s_i)` exactly.
-
-    Each sample goes to the device that would finish it first. Where a slow device's share is a
-    few samples, this can differ from `split_sizes` by one sample, and that sample matters.
+    Each sample in turn goes to the device that would finish it first, given what it already
+    has. That greedy is optimal: after k samples no split of k can end sooner (an exchange
+    argument; tests/test_hetero.py checks it against brute force). A zero-speed device gets
+    nothing; a device so slow that one sample would make it the slowest shard gets nothing too.
+    Ties go to the faster device, then the first.
     """
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise ValueError(f"total must be an integer >= 0, got {total!r}")
     speeds = check_speeds(speeds)
     sizes = [0] * len(speeds)
-    heap = [(1 / s, -s, i) for i, s in enumerate(speeds) if s > 0]
+    heap = [(Fraction(1) / Fraction(s), -s, i) for i, s in enumerate(speeds) if s > 0]
     heapq.heapify(heap)
     for _ in range(total):
         _, neg_s, i = heapq.heappop(heap)
         sizes[i] += 1
-        heapq.heappush(heap, ((sizes[i] + 1) / -neg_s, neg_s, i))
+        heapq.heappush(heap, (Fraction(sizes[i] + 1) / Fraction(-neg_s), neg_s, i))
     return sizes
 
 
@@ -116,10 +93,10 @@ class SplitPlan:
 
 
 def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
-    """The split with the smallest slowest shard (`minmax_sizes`), its predicted step time and
+    """The split with the smallest slowest shard (`split_sizes`), its predicted step time and
     its predicted speedup over the fastest device alone."""
     speeds = check_speeds(speeds)
-    sizes = minmax_sizes(total, speeds)
+    sizes = split_sizes(total, speeds)
     paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
     return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
                      total / max(speeds), paid)

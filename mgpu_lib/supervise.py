@@ -13,25 +13,42 @@ import subprocess
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Callable, Optional
 
-LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` echoes them
+LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` passes them on
+# A worker's own error line (see the CLI's `worker` command), and any exception line.
+WORKER_ERROR = re.compile(r"mgpu_lib worker rank (\d+): error: (.*)")
+EXCEPTION = re.compile(r"^(\[rank\d+\]: )?\w*(Error|Exception)\b")
 
 
 class LaunchError(RuntimeError):
     """A DDP job failed or hung; the message names the rank and its error."""
 
 
-def supervise(cmd, env, timeout_s: float, progress: bool) -> tuple[int, list[str]]:
-    """Run `cmd`, echo rank 0's lines, keep the last lines; stop everything on timeout."""
+class RankInputError(ValueError):
+    """A rank refused its input (bad data, a bad checkpoint): a user error, said in one line."""
+
+
+def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] = None
+              ) -> tuple[int, list[str]]:
+    """Run `cmd`, pass rank 0's lines to `log`, keep the last lines; stop everything on timeout.
+
+    Returns the exit code and the lines kept: every error line (however early it came) and
+    then the last 60 lines.
+    """
     tail: deque = deque(maxlen=60)
+    errors: list[str] = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, preexec_fn=_die_with_parent)
 
     def pump():
         for line in proc.stdout:
-            tail.append(line.rstrip())
-            if progress and line.startswith(LOG):
-                print(line[len(LOG):].rstrip(), flush=True)
+            line = line.rstrip()
+            tail.append(line)
+            if (WORKER_ERROR.search(line) or EXCEPTION.match(line)) and len(errors) < 20:
+                errors.append(line)
+            if log is not None and line.startswith(LOG):
+                log(line[len(LOG):])
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -47,7 +64,7 @@ def supervise(cmd, env, timeout_s: float, progress: bool) -> tuple[int, list[str
         if proc.poll() is None:     # KeyboardInterrupt or another error: leave nothing behind
             _stop(proc)
     reader.join(5)
-    return code, list(tail)
+    return code, errors + [t for t in tail if t not in errors]
 
 
 def _die_with_parent() -> None:
@@ -95,7 +112,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def failure_message(code: int, lines: list[str]) -> str:
     """One line from torchrun's output: which rank failed first, and why."""
     text = "\n".join(lines)
-    own = re.findall(r"mgpu_lib\.ddp rank (\d+): error: (.*)", text)
+    own = WORKER_ERROR.findall(text)
     if own:                          # a user error the rank explained itself
         return f"DDP rank {own[0][0]} failed: {own[0][1]}"
     root = text[text.find("Root Cause"):] if "Root Cause" in text else text

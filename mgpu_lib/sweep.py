@@ -1,10 +1,12 @@
-"""Resumable hyperparameter sweeps, stored as JSON: every finished point survives an interruption.
+"""Resumable hyperparameter sweeps, stored as JSON Lines: every finished point survives.
 
-    python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store results/lr.json --profile cpu
+    python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store runs/lr.jsonl --profile cpu
 
-`sweep` trains the cartesian product of `vary` x `seeds`. After each point it rewrites the store
-atomically, so a crash or Ctrl-C loses at most the point in flight, and a rerun skips every point
-already stored (the key is the full config, seed included, plus any sweep option like warmup).
+`sweep` trains the cartesian product of `vary` x `seeds`. After each point it appends one record
+to the store (under a file lock, so two sweeps may share a store), so a crash or Ctrl-C loses at
+most the point in flight, and a rerun skips every point already stored (the key is the full
+config, seed included, plus any sweep option like warmup). A point whose run failed (a DDP rank
+died) is stored with status "failed" and the sweep goes on; a rerun tries it again.
 
 Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
 depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
@@ -15,17 +17,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from .train import TrainConfig, TrainResult, train, write_json_atomic
+from . import results
+from .ddp import LaunchError, launch
+from .switches import SWITCH_FIELDS
+from .train import METRICS, TrainConfig, TrainResult, train
 
-METRICS = ("test_acc", "train_loss", "train_acc", "epoch_seconds", "images_per_second")
 # Sweep axes that are not TrainConfig fields: a linear lr warmup (epochs), and DDP processes
 # through `ddp.launch` (0 = the DataParallel `train`).
 OPTIONS = ("warmup_epochs", "nprocs")
@@ -34,7 +36,6 @@ OPTIONS = ("warmup_epochs", "nprocs")
 @dataclass
 class Record:
     """One finished sweep point: config (seed included), options, per-epoch metrics, hardware."""
-    key: str
     config: dict
     options: dict
     status: str
@@ -46,6 +47,11 @@ class Record:
     metrics: dict
     extra: dict = field(default_factory=dict)
     derived_from: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        """Computed, never stored: it follows the current TrainConfig's defaults."""
+        return point_key(self.config, self.options)
 
     @property
     def seed(self) -> int:
@@ -75,7 +81,8 @@ def point_key(config, options: Optional[dict] = None) -> str:
     defaults) therefore leave the keys of stored records unchanged."""
     d = config.to_dict() if isinstance(config, TrainConfig) else config
     defaults = TrainConfig().to_dict()
-    cfg = {k: v for k, v in d.items() if k in defaults and v != defaults[k]}
+    ignored = SWITCH_FIELDS[1:] if d.get("fast") is False else ()   # the chapter's loop
+    cfg = {k: v for k, v in d.items() if k in defaults and v != defaults[k] and k not in ignored}
     if "lr" in cfg:                 # lr 1 and lr 1.0 are one point (JSON writes "1" vs "1.0")
         cfg["lr"] = float(cfg["lr"])
     opts = {k: float(v) for k, v in (options or {}).items() if v}
@@ -83,7 +90,7 @@ def point_key(config, options: Optional[dict] = None) -> str:
 
 
 def record_from_result(result: TrainResult, config: TrainConfig, options: dict) -> Record:
-    return Record(key=point_key(config, options), config=config.to_dict(), options=dict(options),
+    return Record(config=config.to_dict(), options=dict(options),
                   status=result.status, hardware=result.hardware, profile=config.profile,
                   num_devices=result.num_devices, steps_per_epoch=result.steps_per_epoch,
                   data_source=result.data_source,
@@ -99,8 +106,7 @@ def truncate(record: Record, config: TrainConfig, options: dict) -> Optional[Rec
     metrics = {m: list(v) for m, v in record.metrics.items()}
     if not diverged:   # keep the first k epochs; a later divergence did not happen yet
         metrics = {m: v[:k] for m, v in metrics.items()}
-    return Record(**{**record.to_dict(), "key": point_key(config, options),
-                     "config": config.to_dict(), "metrics": metrics,
+    return Record(**{**record.to_dict(), "config": config.to_dict(), "metrics": metrics,
                      "status": record.status if diverged else "ok",
                      "derived_from": record.key})
 
@@ -111,20 +117,17 @@ def _longer_key(config: dict, options: dict) -> str:
 
 
 def load_store(path) -> list[Record]:
-    """The records in a store, or [] if the file does not exist yet."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with open(path) as f:
-        data = json.load(f)
-    records = [Record(**r) for r in data["records"]]
-    for r in records:          # recompute: keys follow the current TrainConfig's defaults
-        r.key = point_key(r.config, r.options)
-    return records
-
-
-def save_store(path, records: Sequence[Record]) -> None:
-    write_json_atomic(path, {"version": 1, "records": [r.to_dict() for r in records]})
+    """The records in a store ([] if the file does not exist yet); for a point stored twice,
+    the later record wins."""
+    by_key: dict = {}
+    for i, d in enumerate(results.read(path)):
+        try:
+            rec = Record(**d)
+            by_key[rec.key] = rec
+        except (TypeError, KeyError, AttributeError) as e:
+            raise results.ResultsError(f"{path}: record {i + 1} is not a sweep record "
+                                       f"({e})") from None
+    return list(by_key.values())
 
 
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
@@ -145,12 +148,17 @@ def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[Tr
 def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
                   nprocs: int = 0) -> TrainResult:
     """`train` without output; with warmup, the same loop with a linear lr warmup; with
-    `nprocs`, DDP over that many processes (gloo on a CPU, nccl on GPUs)."""
+    `nprocs`, DDP over that many processes (gloo on a CPU, nccl on GPUs). A DDP job that fails
+    is a result with status "failed" and the error in `extra`."""
     if nprocs and warmup_epochs:
         raise ValueError("warmup with DDP processes is not implemented; vary one of them")
     if nprocs:
-        from .ddp import launch
-        return launch(config, nprocs, progress=False)
+        try:
+            return launch(config, nprocs)
+        except LaunchError as e:
+            return TrainResult(config=config.to_dict(), hardware=f"DDP, {nprocs} processes",
+                               num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
+                               status="failed", extra={"error": str(e)})
     if warmup_epochs:
         return train_warmup(config, warmup_epochs)
     return train(config, progress=False)
@@ -165,15 +173,17 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
         base: the config every point starts from.
         vary: {field: [values]}; fields of TrainConfig, `warmup_epochs` or `nprocs`.
         seeds: one run per seed for every combination.
-        store: JSON file; read first, rewritten atomically after every point.
+        store: a JSON Lines file; read first, then one record appended per new point.
         train_fn: `train_fn(config, **options) -> TrainResult` (default: `default_train`).
         log: called with one line per point (e.g. `print`).
     """
     train_fn = train_fn or default_train
-    records = load_store(store)
+    points = expand(base, vary, seeds)
+    results.check_writable(store)                 # a bad path fails now, not after training
+    records = [r for r in load_store(store) if r.status != "failed"]
     by_key = {r.key: r for r in records}
     out = []
-    for config, options in expand(base, vary, seeds):
+    for config, options in points:
         key = point_key(config, options)
         rec = by_key.get(key) or _derive(records, config, options)
         action = "stored" if key in by_key else "derived" if rec else "trained"
@@ -182,9 +192,10 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
             rec = record_from_result(train_fn(config, **options), config, options)
             rec.extra.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if key not in by_key:
-            records.append(rec)
-            by_key[key] = rec
-            save_store(store, records)
+            results.append(store, rec.to_dict())
+            if rec.status != "failed":
+                records.append(rec)
+                by_key[key] = rec
         out.append(rec)
         if log:
             log(f"{action:7s} {describe_point(config, options)}: {rec.status}, "
@@ -207,37 +218,6 @@ def describe_point(config: TrainConfig, options: dict) -> str:
     text = (f"batch {config.batch_size}, lr {config.lr:g}, {config.num_epochs} epochs, "
             f"seed {config.seed}")
     return text + "".join(f", {k} {v:g}" for k, v in options.items() if v)
-
-
-# --- Reading a sweep: mean and spread over seeds -------------------------------------------
-
-def summarize(records: Sequence[Record], x: str) -> list[dict]:
-    """One row per value of `x`: mean/std of final test accuracy and of seconds per epoch over
-    the seeds that finished, plus how many diverged. Rows are sorted by `x`."""
-    groups: dict = {}
-    for r in records:
-        groups.setdefault(r.get(x), []).append(r)
-    rows = []
-    for value in sorted(groups):
-        ok = [r for r in groups[value] if r.status == "ok"]
-        accs = [r.final_test_acc for r in ok]
-        secs = [r.sec_per_epoch for r in ok]
-        rows.append(dict(x=value, n=len(groups[value]), diverged=len(groups[value]) - len(ok),
-                         acc_mean=_mean(accs), acc_std=_std(accs),
-                         sec_mean=_mean(secs), sec_std=_std(secs)))
-    return rows
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _std(xs: Sequence[float]) -> float:
-    """Sample standard deviation (n - 1): the spread a new seed would show."""
-    if len(xs) < 2:
-        return 0.0 if xs else float("nan")
-    m = _mean(xs)
-    return math.sqrt(sum((v - m) ** 2 for v in xs) / (len(xs) - 1))
 
 
 # --- Learning-rate scaling and warmup (pure arithmetic) --------------------------------------

@@ -1,36 +1,37 @@
-"""The chapter's `train`, done right: DataParallel over resolved devices, a fresh model per run.
+"""The chapter's `train`, done right, and the one epoch loop that every engine runs.
 
     python -m mgpu_lib train --devices 2 --batch-size 512 --lr 0.2 --epochs 10
 
+`fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer
+(`hetero.py`) each hand it a `step(x, y)` and hooks, so they differ only where they must.
 Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
 `train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
 and every timer reading follows `torch.cuda.synchronize()`.
 
-By default `train` takes the fast path (`perf.py` decides its switches per device: data on the
-device and no per-step host sync, channels_last, bf16 autocast, cudnn.benchmark, a larger
-evaluation batch). `TrainConfig(fast=False)` runs the chapter's own loop instead: a `DataLoader`
-with `ToTensor` and worker processes, fp32, NCHW, the loss read back after every step.
+By default `train` takes the fast path (`switches.py` decides it per device: data on the device,
+channels_last, bf16 autocast where native, cudnn.benchmark, a larger evaluation batch).
+`TrainConfig(fast=False)` runs the chapter's pipeline instead: a `DataLoader` with `ToTensor` and
+worker processes, fp32, NCHW. Neither reads a value back to the host during an epoch.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from .data import SOURCES, load_fashion_mnist, load_fashion_mnist_chapter
-from .devices import describe_devices, resolve_devices
+from .chapter import load_fashion_mnist_chapter
+from .data import SOURCES, load_fashion_mnist
+from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
-from .perf import Switches, prepare_model, resolve_switches
 from .profiles import Profile, active_profile
+from .results import write_json_atomic
+from .switches import Switches, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
 # the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
@@ -56,8 +57,8 @@ class TrainConfig:
     data_source: str = "auto"
     allow_synthetic: bool = False
     profile: str = "custom"        # the profile this config came from, recorded with results
-    # The fast path (see perf.py). fast=False is the chapter's loop and ignores the switches below;
-    # each switch is True, False, or "auto" (perf.resolve_switches decides for the device).
+    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches below;
+    # each switch is True, False, or "auto" (switches.resolve_switches decides for the device).
     fast: bool = True
     device_data: Union[bool, str] = "auto"      # batches made on the device, no per-step sync
     channels_last: Union[bool, str] = "auto"
@@ -82,17 +83,19 @@ class TrainConfig:
         positive_int("test_limit", self.test_limit, optional=True)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and
+                                             math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         positive_int("eval_batch_size", self.eval_batch_size, optional=True)
         if self.num_workers is not None and (isinstance(self.num_workers, bool) or not
                                              isinstance(self.num_workers, int) or
                                              self.num_workers < 0):
             raise ValueError(f"num_workers must be 0 or more, got {self.num_workers!r}")
-        if not isinstance(self.fast, bool):
-            raise ValueError(f"fast must be True or False, got {self.fast!r}")
-        if not isinstance(self.norm_fp32, bool):
-            raise ValueError(f"norm_fp32 must be True or False, got {self.norm_fp32!r}")
+        for name in ("fast", "norm_fp32", "allow_synthetic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.profile, str):
+            raise ValueError(f"profile must be a name (a string), got {self.profile!r}")
         for name in ("device_data", "channels_last", "bf16", "cudnn_benchmark", "compile"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
@@ -167,28 +170,8 @@ class TrainResult:
             return cls.from_dict(json.load(f))
 
 
-def write_json_atomic(path, obj) -> None:
-    """Write `obj` as JSON so that readers see the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.chmod(tmp, 0o644)       # mkstemp makes 0600; results are for everyone to read
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def synchronize(devices) -> None:
-    """Wait for queued GPU work, so a timer reads finished work, not launched work."""
-    for d in devices:
-        if torch.device(d).type == "cuda":
-            torch.cuda.synchronize(d)
+# The per-epoch lists of a TrainResult, in the order they are filled.
+METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
@@ -206,8 +189,8 @@ def _autocast(device, switches: Optional[Switches]):
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
     """Fraction of correct predictions over `data_iter`, in eval mode.
 
-    Without `switches` (or on the fast path) it runs under `inference_mode` and counts on the
-    device; the reference path counts on the host after every batch, as D2L's
+    On the fast path it runs under `inference_mode` and counts on the device; with the chapter's
+    switches (`device_data` off) it counts on the host after every batch, as D2L's
     `evaluate_accuracy_gpu` does.
     """
     device = next(net.parameters()).device
@@ -236,36 +219,72 @@ def make_model(config: TrainConfig, device) -> nn.Module:
     return init_weights(resnet18(width=config.width)).to(device)
 
 
-def train_epoch(net, train_iter, optimizer, loss_fn, device, bar=None, *,
-                switches: Optional[Switches] = None):
-    """One pass over `train_iter`. Returns (sum of losses, correct, samples) as tensors/int.
-
-    `switches` (from `perf.resolve_switches`) adds channels_last inputs and bf16 autocast; with
-    `device_data` off it reads the loss back after every step, as the chapter's loop does.
-    """
-    net.train()
-    sync_each_step = switches is not None and not switches.device_data
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    n = 0
-    for x, y in train_iter:
+def make_step(model: nn.Module, optimizer, loss_fn, device, switches: Optional[Switches] = None):
+    """`step(x, y)`: one SGD step on a batch, returning (sum of losses, correct) as tensors on
+    `device`. Nothing is read back to the host: a `.item()` here would stall the GPU."""
+    def step(x, y):
         x, y = _prepare(x, y, device, switches)
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device, switches):
-            out = net(x)
+            out = model(x)
             loss = loss_fn(out, y)
         loss.backward()
         optimizer.step()
-        if sync_each_step:    # what D2L's Accumulator does: a host round trip every step
-            loss_sum += float(loss.detach()) * y.numel()
-            correct += int((out.argmax(dim=1) == y).sum())
-        else:                 # on the device: reading .item() here would stall the GPU
-            loss_sum += loss.detach().float() * y.numel()
-            correct += (out.argmax(dim=1) == y).sum()
-        n += y.numel()
+        return loss.detach().float() * y.numel(), (out.argmax(dim=1) == y).sum()
+    return step
+
+
+def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: int, devices,
+        evaluate: Optional[Callable[[], float]] = None, start_epoch: int = 0,
+        before_epoch: Optional[Callable[[int], None]] = None,
+        reduce: Optional[Callable[[torch.Tensor], None]] = None,
+        on_epoch: Optional[Callable[[TrainResult], None]] = None, bar=None) -> TrainResult:
+    """The epoch loop: train, time, check for divergence, evaluate; fills `result` in place.
+
+    Args:
+        step: `step(x, y) -> (sum of losses, correct)`, tensors (see `make_step`).
+        model: put in train mode at the start of every epoch (`evaluate` leaves it in eval).
+        devices: synchronized around each epoch's timer.
+        evaluate: `() -> test accuracy` after every epoch (None: no test accuracy, e.g. DDP's
+            ranks other than 0).
+        before_epoch: called with the epoch index first (DDP: reshard the data, then a barrier).
+        reduce: sums the epoch's `[loss sum, correct, samples]` across processes, in place.
+        on_epoch: called with `result` after every finished epoch (a live plot, a checkpoint).
+        bar: a tqdm bar, advanced once per step.
+    """
+    for epoch in range(start_epoch, num_epochs):
+        if before_epoch is not None:
+            before_epoch(epoch)
+        model.train()
+        with timed(devices) as t:
+            sums = [0, 0, 0]
+            for x, y in train_iter:
+                loss_sum, correct = step(x, y)
+                sums = [sums[0] + loss_sum, sums[1] + correct, sums[2] + len(y)]
+                if bar is not None:
+                    bar.update(1)
+            if not sums[2]:
+                raise ValueError("the training data yielded no batch")
+            totals = torch.stack([torch.as_tensor(v, device=sums[0].device).double()
+                                  for v in sums])
+            if reduce is not None:
+                reduce(totals)
+        loss_sum, correct, n = totals.tolist()
+        loss = loss_sum / n
+        result.train_loss.append(loss)
+        if diverged(loss):
+            result.status = "diverged"
+            break
+        result.train_acc.append(correct / n)
+        result.epoch_seconds.append(t.seconds)
+        result.images_per_second.append(n / t.seconds)
+        if evaluate is not None:
+            result.test_acc.append(evaluate())
         if bar is not None:
-            bar.update(1)
-    return loss_sum, correct, n
+            bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.final_test_acc:.3f}")
+        if on_epoch is not None:
+            on_epoch(result)
+    return result
 
 
 @contextmanager
@@ -301,7 +320,13 @@ def build_model(config: TrainConfig, devices, switches: Switches):
     return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
 
 
-def train(config: TrainConfig, *, data=None, plot: bool = False, progress: bool = True,
+def progress_bar(steps: int, desc: str = "train"):
+    """A tqdm bar over `steps` steps (a widget in notebooks, text in a terminal)."""
+    return tqdm(total=steps, desc=desc, unit="step", leave=False, mininterval=0.5)
+
+
+def train(config: TrainConfig, *, data=None, progress: bool = True,
+          on_epoch: Optional[Callable[[TrainResult], None]] = None,
           make_optimizer: Optional[Callable] = None, extra: Optional[dict] = None
           ) -> TrainResult:
     """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices.
@@ -309,73 +334,34 @@ def train(config: TrainConfig, *, data=None, plot: bool = False, progress: bool 
     Args:
         config: what to train.
         data: `(train_iter, test_iter)`; loaded from `config` when None.
-        plot: show a live plot of test accuracy per epoch (in a notebook).
-        progress: show a progress bar over steps and print the summary line.
+        progress: show a progress bar over steps.
+        on_epoch: called with the result after every epoch (e.g. `plots.LivePlot().update`).
         make_optimizer: `(parameters, steps_per_epoch) -> optimizer`, for a schedule such as
             a warmup (default: the chapter's plain SGD at `config.lr`).
         extra: more entries for the result's `extra` (e.g. the schedule's settings).
     Returns:
-        A `TrainResult`. A loss that becomes NaN or inf stops the run with status "diverged".
+        A `TrainResult`; `result.summary()` is the chapter's line. A loss that becomes NaN, inf
+        or huge stops the run with status "diverged".
     """
     devices = resolve_devices(config.devices)
     switches = resolve_switches(config, devices[0])
     train_iter, test_iter = data if data is not None else load_data(config, devices[0], switches)
-    _, net = build_model(config, devices, switches)
-    optimizer = (make_optimizer(net.parameters(), len(train_iter)) if make_optimizer
-                 else torch.optim.SGD(net.parameters(), lr=config.lr))
-    loss_fn = nn.CrossEntropyLoss()
+    _, model = build_model(config, devices, switches)
+    optimizer = (make_optimizer(model.parameters(), len(train_iter)) if make_optimizer
+                 else torch.optim.SGD(model.parameters(), lr=config.lr))
     result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
                          num_devices=len(devices),
                          data_source=getattr(train_iter, "source", "custom"),
                          steps_per_epoch=len(train_iter),
                          extra={"switches": switches.to_dict(), **(extra or {})})
-    live = _live_plot(config, result) if plot else None
-    bar = _progress_bar(config, len(train_iter)) if progress else None
+    bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
     try:
         with cudnn_benchmark(switches.cudnn_benchmark):
-            _epochs(config, net, train_iter, test_iter, optimizer, loss_fn, devices, switches,
-                    result, bar, live)
+            fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0], switches),
+                train_iter, result, model=model, num_epochs=config.num_epochs, devices=devices,
+                evaluate=lambda: evaluate_accuracy(model, test_iter, switches=switches),
+                on_epoch=on_epoch, bar=bar)
     finally:
         if bar is not None:
             bar.close()
-        if live is not None:
-            live.close()
-    if progress:
-        print(result.summary())
     return result
-
-
-def _epochs(config, net, train_iter, test_iter, optimizer, loss_fn, devices, switches,
-            result, bar, live) -> None:
-    for epoch in range(config.num_epochs):
-        synchronize(devices)
-        t0 = time.perf_counter()
-        loss_sum, correct, n = train_epoch(net, train_iter, optimizer, loss_fn,
-                                           devices[0], bar, switches=switches)
-        synchronize(devices)
-        seconds = time.perf_counter() - t0
-        loss = loss_sum.item() / n
-        if diverged(loss):
-            result.status = "diverged"
-            result.train_loss.append(loss)
-            break
-        result.train_loss.append(loss)
-        result.train_acc.append(correct.item() / n)
-        result.epoch_seconds.append(seconds)
-        result.images_per_second.append(n / seconds)
-        result.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
-        if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.test_acc[-1]:.3f}")
-        if live is not None:
-            live.update(result)
-
-
-def _progress_bar(config: TrainConfig, steps: int):
-    from tqdm.auto import tqdm
-    return tqdm(total=steps * config.num_epochs, desc="train", unit="step", leave=False,
-                mininterval=0.5)
-
-
-def _live_plot(config: TrainConfig, result: TrainResult):
-    from .plots import LivePlot
-    return LivePlot(num_epochs=config.num_epochs, title=result.hardware)

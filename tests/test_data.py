@@ -1,5 +1,8 @@
 import gzip
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +42,7 @@ def test_bad_magic_is_a_data_error_naming_the_file(tmp_path):
 
 def test_truncated_file_is_a_data_error(tmp_path):
     folder = write_folder(tmp_path / "fm", test_labels={"cut": 5})
-    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte.gz: expected 20 data bytes"):
+    with pytest.raises(DataError, match=r"fm/t10k-labels-idx1-ubyte.gz: expected 20 data bytes"):
         load_fashion_mnist(8, source="local", root=folder)
 
 
@@ -51,7 +54,7 @@ def test_not_gzip_is_a_data_error(tmp_path):
 
 
 def test_missing_folder_and_unknown_source(tmp_path):
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match="named by root does not exist"):
         load_fashion_mnist(8, source="local", root=tmp_path / "nope")
     with pytest.raises(ValueError, match="unknown data source"):
         load_fashion_mnist(8, source="web")
@@ -84,9 +87,23 @@ def test_no_data_without_synthetic_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(torchvision.datasets, "FashionMNIST", Offline)
     with pytest.raises(DataError, match="MGPU_FASHION_MNIST_DIR"):
         load_fashion_mnist(8)
-    train_iter, _ = load_fashion_mnist(8, allow_synthetic=True, train_limit=100, test_limit=10)
+    with pytest.warns(UserWarning, match="SYNTHETIC data"):
+        train_iter, _ = load_fashion_mnist(8, allow_synthetic=True, train_limit=100,
+                                           test_limit=10)
     assert train_iter.source == "synthetic"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_named_folder_that_is_missing_never_falls_back_to_synthetic(tmp_path, monkeypatch):
+    """Before: MGPU_FASHION_MNIST_DIR=/nope trained on synthetic data with exit 0 (smoke)."""
+    monkeypatch.setenv("MGPU_FASHION_MNIST_DIR", str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="named by MGPU_FASHION_MNIST_DIR does not exist"):
+        load_fashion_mnist(8, allow_synthetic=True)
+    run = subprocess.run([sys.executable, "-m", "mgpu_lib", "train", "--profile", "smoke"],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, MGPU_FASHION_MNIST_DIR=str(tmp_path / "nope")))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "does not exist" in run.stderr
 
 
 def test_balanced_subset_is_fixed_and_balanced():

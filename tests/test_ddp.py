@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from mgpu_lib import ddp, supervise
+from mgpu_lib import ddp, scaling, supervise
 from mgpu_lib.__main__ import main
 from mgpu_lib.profiles import get_profile
-from mgpu_lib.train import TrainConfig, TrainResult, make_model, train_epoch
+from mgpu_lib.train import TrainConfig, TrainResult, make_model, make_step
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def _batch():
 
 def _one_step(model, x, y, device="cpu"):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    train_epoch(model, [(x, y)], opt, nn.CrossEntropyLoss(), device)
+    make_step(model, opt, nn.CrossEntropyLoss(), device)(x, y)
 
 
 def _rank_step(rank: int, folder: str) -> None:
@@ -123,7 +123,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     port, out = _free_port(), tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mgpu-test",
-           "--local-addr=127.0.0.1", "-m", "mgpu_lib.ddp", "--profile", "smoke",
+           "--local-addr=127.0.0.1", "-m", "mgpu_lib", "worker", "--profile", "smoke",
            "--epochs", "1", "--width", "4", "--train-limit", "400", "--test-limit", "100",
            "--data-source", source(), "--batch-size", "32", "--lr", "0.05", "--threads", "1", "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -149,7 +149,7 @@ def _rank_pid(rank: int) -> int:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in environ and b"mgpu_lib.ddp" in cmdline:
+        if f"RANK={rank}".encode() in environ and b"worker" in cmdline:
             return pid
     return 0
 
@@ -157,19 +157,20 @@ def _rank_pid(rank: int) -> int:
 def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     config = tiny(num_epochs=3, train_limit=2400)
     ckpt, failure = tmp_path / "ckpt", {}
+    saved_one = threading.Event()       # rank 0 logs an epoch after its checkpoint is written
 
     def first_run():
         try:
-            ddp.launch(config, 2, checkpoint=ckpt, timeout_s=150, progress=False)
+            ddp.launch(config, 2, checkpoint=ckpt, timeout_s=150,
+                       log=lambda line: line.startswith("epoch 1/") and saved_one.set())
         except ddp.LaunchError as e:
             failure["error"], failure["at"] = str(e), time.monotonic()
+        saved_one.set()                 # never wait on a job that already ended
 
     job = threading.Thread(target=first_run)
     job.start()
-    deadline = time.monotonic() + 120
-    while not (ckpt / ddp.CKPT_NAME).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (ckpt / ddp.CKPT_NAME).exists(), "no checkpoint after the first epoch"
+    assert saved_one.wait(120) and (ckpt / ddp.CKPT_NAME).exists(), \
+        f"no checkpoint after the first epoch: {failure}"
     victim = _rank_pid(1)
     assert victim, "rank 1 not found"
     os.kill(victim, signal.SIGKILL)                      # mid-epoch 2 (epoch 1 is saved)
@@ -178,12 +179,11 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert not job.is_alive() and "error" in failure, "the job outlived its dead rank"
     assert failure["at"] - killed < 60
     assert "rank 1" in failure["error"] and "SIGKILL" in failure["error"], failure["error"]
-    time.sleep(0.5)
     assert _rank_pid(0) == 0 and _rank_pid(1) == 0       # nothing left behind
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
 
-    result = ddp.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150, progress=False)
+    result = ddp.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)
     assert result.extra["resumed_from_epoch"] == saved
     assert len(result.train_loss) == len(result.test_acc) == len(result.epoch_seconds) == 3
     assert result.status == "ok"
@@ -202,7 +202,7 @@ def test_failure_message_names_the_root_cause_rank():
                "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
                "  exitcode  : 1 (pid: 12)", "  traceback : To enable traceback see: ..."]
     assert supervise.failure_message(1, crashed) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    told = ["mgpu_lib.ddp rank 0: error: batch size 30 does not split evenly"]
+    told = ["mgpu_lib worker rank 0: error: batch size 30 does not split evenly"]
     assert supervise.failure_message(1, told) == "DDP rank 0 failed: batch size 30 does not split evenly"
 
 
@@ -247,7 +247,7 @@ def test_truncated_checkpoint_is_refused(tmp_path, capsys):
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):
         ddp.load_checkpoint(tmp_path, config, 2)
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):   # before any start
-        ddp.launch(config, 2, checkpoint=tmp_path, resume=True, progress=False)
+        ddp.launch(config, 2, checkpoint=tmp_path, resume=True)
     code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke",
                  "--width", "4", "--train-limit", "400", "--test-limit", "100",
                  "--data-source", source(), "--checkpoint", str(tmp_path), "--resume"])
@@ -272,7 +272,7 @@ def test_cli_nprocs_needs_ddp(capsys):
 
 def test_entry_point_needs_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    run = subprocess.run([sys.executable, "-m", "mgpu_lib.ddp", "--profile", "smoke"], cwd=REPO,
+    run = subprocess.run([sys.executable, "-m", "mgpu_lib", "worker", "--profile", "smoke"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "run this under torchrun" in run.stderr
     assert run.stderr.count("\n") == 1
@@ -280,10 +280,10 @@ def test_entry_point_needs_torchrun():
 
 def test_ring_allreduce_leaves_every_rank_with_every_sum():
     for n in (2, 3, 4, 8):
-        steps = ddp.ring_allreduce_steps(n)
+        steps = scaling.ring_allreduce_steps(n)
         assert len(steps) == 2 * (n - 1) + 1
         after_scatter = steps[n - 1][1]         # each rank owns one fully reduced chunk
         assert all(row.count(n) == 1 for row in after_scatter)
         assert sorted(row.index(n) for row in after_scatter) == list(range(n))
         assert steps[-1][1] == [[n] * n for _ in range(n)]
-    assert ddp.allreduce_bytes(1000, 4) == {"ddp_ring_per_device": 6000.0, "dp_gpu0": 24000}
+    assert scaling.allreduce_bytes(1000, 4) == {"ddp_ring_per_device": 6000.0, "dp_gpu0": 24000}

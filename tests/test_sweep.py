@@ -1,14 +1,19 @@
 """Sweeps: resumable, divergence recorded, epochs derived, and the warmup arithmetic."""
-import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from mgpu_lib import results
 from mgpu_lib.__main__ import main
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
-from mgpu_lib.sweep import (WarmupSGD, expand, linear_scaled_lr, load_store, point_key,
-                            summarize, sweep, train_warmup, warmup_lr)
+from mgpu_lib.results import summarize
+from mgpu_lib.sweep import (WarmupSGD, expand, linear_scaled_lr, load_store, point_key, sweep,
+                            train_warmup, warmup_lr)
 from mgpu_lib.train import TrainConfig, TrainResult, train
 
 BASE = TrainConfig(batch_size=32, lr=0.1, num_epochs=2, width=4, train_limit=256, test_limit=64,
@@ -49,7 +54,7 @@ class FakeTrain:
 
 
 def test_resumed_sweep_skips_stored_points(tmp_path):
-    store, fake = tmp_path / "s.json", FakeTrain()
+    store, fake = tmp_path / "s.jsonl", FakeTrain()
     first = sweep(BASE, {"lr": [0.1, 0.2]}, seeds=(0, 1), store=store, train_fn=fake)
     assert len(fake.calls) == 4 and len(first) == 4
     again = sweep(BASE, {"lr": [0.1, 0.2]}, seeds=(0, 1), store=store, train_fn=fake)
@@ -61,7 +66,7 @@ def test_resumed_sweep_skips_stored_points(tmp_path):
 
 
 def test_records_carry_config_seed_metrics_hardware_profile(tmp_path):
-    (r,) = sweep(BASE, {"lr": [0.2]}, seeds=(3,), store=tmp_path / "s.json", train_fn=FakeTrain())
+    (r,) = sweep(BASE, {"lr": [0.2]}, seeds=(3,), store=tmp_path / "s.jsonl", train_fn=FakeTrain())
     assert r.seed == 3 and r.config["lr"] == 0.2 and r.profile == "test"
     assert r.hardware == "fake" and r.status == "ok"
     assert r.metrics["test_acc"] == [0.73, 0.74] and len(r.metrics["epoch_seconds"]) == 2
@@ -70,7 +75,7 @@ def test_records_carry_config_seed_metrics_hardware_profile(tmp_path):
 
 def test_diverging_lr_is_recorded_not_raised(tmp_path):
     fake = FakeTrain()
-    recs = sweep(BASE, {"lr": [0.1, 50.0]}, seeds=(0,), store=tmp_path / "s.json", train_fn=fake)
+    recs = sweep(BASE, {"lr": [0.1, 50.0]}, seeds=(0,), store=tmp_path / "s.jsonl", train_fn=fake)
     assert [r.status for r in recs] == ["ok", "diverged"]
     assert math.isnan(recs[1].final_test_acc)
     rows = summarize(recs, "lr")
@@ -81,18 +86,17 @@ def test_real_lr_50_diverges_and_is_stored(tmp_path):
     def real(config, **options):            # the real `train`, on tiny in-memory data
         return train(config, data=tiny_data(config.seed), progress=False)
     (r,) = sweep(BASE.replace(num_epochs=1), {"lr": [50.0]}, seeds=(0,),
-                 store=tmp_path / "s.json", train_fn=real)
+                 store=tmp_path / "s.jsonl", train_fn=real)
     assert r.status == "diverged" and r.metrics["test_acc"] == []
-    assert load_store(tmp_path / "s.json")[0].status == "diverged"
+    assert load_store(tmp_path / "s.jsonl")[0].status == "diverged"
 
 
-def test_store_is_valid_json_after_an_interruption(tmp_path):
-    store, fake = tmp_path / "s.json", FakeTrain(fail_on=3)
+def test_store_keeps_every_point_after_an_interruption(tmp_path):
+    store, fake = tmp_path / "s.jsonl", FakeTrain(fail_on=3)
     with pytest.raises(KeyboardInterrupt):
         sweep(BASE, {"lr": [0.1, 0.2, 0.4]}, seeds=(0,), store=store, train_fn=fake)
-    data = json.loads(store.read_text())                        # parses: no half-written file
-    assert [r["config"]["lr"] for r in data["records"]] == [0.1, 0.2]
-    assert not [p for p in tmp_path.iterdir() if p.name != "s.json"]   # no temp files left
+    assert [r["config"]["lr"] for r in results.read(store)] == [0.1, 0.2]
+    assert not [p for p in tmp_path.iterdir() if p.name != "s.jsonl"]   # no temp files left
     resume = FakeTrain()
     sweep(BASE, {"lr": [0.1, 0.2, 0.4]}, seeds=(0,), store=store, train_fn=resume)
     assert [c.lr for c, _ in resume.calls] == [0.4]             # lost only the point in flight
@@ -100,7 +104,7 @@ def test_store_is_valid_json_after_an_interruption(tmp_path):
 
 def test_shorter_epochs_are_derived_from_the_longest_run(tmp_path):
     fake = FakeTrain()
-    recs = sweep(BASE, {"num_epochs": [1, 3, 2]}, seeds=(0,), store=tmp_path / "s.json",
+    recs = sweep(BASE, {"num_epochs": [1, 3, 2]}, seeds=(0,), store=tmp_path / "s.jsonl",
                  train_fn=fake)
     assert [c.num_epochs for c, _ in fake.calls] == [3]
     by_epochs = {r.config["num_epochs"]: r for r in recs}
@@ -108,7 +112,7 @@ def test_shorter_epochs_are_derived_from_the_longest_run(tmp_path):
     assert by_epochs[2].metrics["test_acc"] == [0.6, 0.61]
     assert by_epochs[2].derived_from == by_epochs[3].key
     # a later sweep at 2 epochs and another lr reuses the stored 3-epoch run too
-    sweep(BASE, {"lr": [0.1]}, seeds=(0,), store=tmp_path / "s.json", train_fn=fake)
+    sweep(BASE, {"lr": [0.1]}, seeds=(0,), store=tmp_path / "s.jsonl", train_fn=fake)
     assert len(fake.calls) == 1
 
 
@@ -122,7 +126,7 @@ def test_k_epochs_are_the_first_k_of_a_longer_run():
 
 def test_unknown_axis_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="momentum"):
-        sweep(BASE, {"momentum": [0.9]}, store=tmp_path / "s.json", train_fn=FakeTrain())
+        sweep(BASE, {"momentum": [0.9]}, store=tmp_path / "s.jsonl", train_fn=FakeTrain())
 
 
 def test_expand_is_the_cartesian_product_with_seeds():
@@ -136,7 +140,7 @@ def test_expand_is_the_cartesian_product_with_seeds():
 
 
 def test_summarize_mean_and_sample_std(tmp_path):
-    recs = sweep(BASE, {"lr": [0.1]}, seeds=(0, 2), store=tmp_path / "s.json",
+    recs = sweep(BASE, {"lr": [0.1]}, seeds=(0, 2), store=tmp_path / "s.jsonl",
                  train_fn=FakeTrain())
     (row,) = summarize(recs, "lr")
     assert row["acc_mean"] == pytest.approx((0.61 + 0.63) / 2)
@@ -168,11 +172,88 @@ def test_train_warmup_runs_and_records_warmup():
     assert r.status == "ok" and r.extra["warmup_epochs"] == 0.5 and len(r.test_acc) == 1
 
 
-def test_cli_sweep_rejects_bad_vary(capsys):
+@pytest.mark.parametrize("vary, message", [("lr=fast", "fast"),
+                                            ("warmup_epochs=inf", "finite number >= 0"),
+                                            ("warmup_epochs=nan", "finite number >= 0"),
+                                            ("warmup_epochs=-1", "finite number >= 0")])
+def test_cli_sweep_rejects_bad_vary(capsys, vary, message):
+    """Before: warmup_epochs=inf gave a traceback, and nan a cryptic message."""
     with pytest.raises(SystemExit) as e:
-        main(["sweep", "--vary", "lr=fast", "--store", "x.json"])
+        main(["sweep", "--vary", vary, "--store", "x.jsonl"])
     assert e.value.code == 2
-    assert "fast" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+# ---- the store under stress ---------------------------------------------------------------
+
+def test_a_torn_last_line_is_skipped_and_nothing_before_it_is_lost(tmp_path):
+    store = tmp_path / "s.jsonl"
+    sweep(BASE, {"lr": [0.1, 0.2]}, seeds=(0,), store=store, train_fn=FakeTrain())
+    with open(store, "a") as f:
+        f.write('{"config": {"lr": 0.4')               # a run killed mid-write
+    with pytest.warns(UserWarning, match="line 3: not a whole record"):
+        assert [r.config["lr"] for r in load_store(store)] == [0.1, 0.2]
+    resume = FakeTrain()
+    with pytest.warns(UserWarning):
+        sweep(BASE, {"lr": [0.1, 0.2, 0.4]}, seeds=(0,), store=store, train_fn=resume)
+    assert [c.lr for c, _ in resume.calls] == [0.4]
+    with pytest.warns(UserWarning):
+        assert sorted(r.config["lr"] for r in load_store(store)) == [0.1, 0.2, 0.4]
+
+
+@pytest.mark.parametrize("content, message", [("[1, 2]\n", "expected a JSON object"),
+                                              ('{"version": 1}\n', "not a sweep record")])
+def test_a_store_of_the_wrong_shape_names_the_file(tmp_path, capsys, content, message):
+    store = tmp_path / "wrong.jsonl"
+    store.write_text(content)
+    code = main(["sweep", "--vary", "lr=0.1", "--store", str(store), "--profile", "smoke"])
+    err = capsys.readouterr().err
+    assert code == 2 and "wrong.jsonl" in err and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("where", ["folder", "under_a_file", "read_only"])
+def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, where):
+    """Before: train --out, sweep --store and bench --out trained fully, then died."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    path = {"folder": tmp_path, "under_a_file": blocker / "out.json",
+            "read_only": ro / "out.json"}[where]
+    if where == "read_only" and os.access(ro, os.W_OK):
+        pytest.skip("running as a user who can write anywhere")
+    fake = FakeTrain()
+    with pytest.raises(results.ResultsError):
+        sweep(BASE, {"lr": [0.1]}, seeds=(0,), store=path, train_fn=fake)
+    assert fake.calls == []
+    for argv in (["train", "--profile", "smoke", "--out", str(path)],
+                 ["bench", "--width", "4", "--steps", "1", "--out", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("cannot write" in err or "is a folder" in err), err
+
+
+SWEEP_ONE = """
+import sys
+from mgpu_lib.train import TrainConfig
+from mgpu_lib.sweep import sweep
+sys.path.insert(0, {tests!r})
+from test_sweep import BASE, FakeTrain
+sweep(BASE, {{"lr": {lrs}}}, seeds=(0, 1), store={store!r}, train_fn=FakeTrain())
+"""
+
+
+def test_two_sweeps_writing_one_store_keep_every_point(tmp_path):
+    """Before: each sweep rewrote the store from its own memory; 4 of 8 points were kept."""
+    store = str(tmp_path / "shared.jsonl")
+    jobs = [subprocess.Popen([sys.executable, "-c", SWEEP_ONE.format(
+        tests=str(Path(__file__).parent), lrs=lrs, store=store)])
+        for lrs in ([0.1, 0.2], [0.3, 0.4])]
+    assert [j.wait(120) for j in jobs] == [0, 0]
+    assert sorted((r.config["lr"], r.seed) for r in load_store(store)) == \
+        [(lr, s) for lr in (0.1, 0.2, 0.3, 0.4) for s in (0, 1)]
 
 
 def test_keys_survive_new_trainconfig_fields():

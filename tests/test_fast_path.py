@@ -1,15 +1,19 @@
-"""The fast path against the chapter's loop: same numbers, switches chosen safely, the bench."""
-import json
-
+"""The fast path against the chapter's loop: same numbers, switches chosen safely, the bench,
+and the accuracy study's pairing."""
 import pytest
 import torch
 from torch import nn
 
-from mgpu_lib import perf
+from mgpu_lib import accuracy, bench, results, switches as sw_mod
 from mgpu_lib.__main__ import main
-from mgpu_lib.data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
-from mgpu_lib.perf import REFERENCE, Switches, cpu_bf16_support, native_bf16, resolve_switches
-from mgpu_lib.train import TrainConfig, make_model, train, train_epoch
+from mgpu_lib.chapter import chapter_loader, chapter_workers
+from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
+from mgpu_lib.devices import cpu_bf16_support
+from mgpu_lib.plots import plot_accuracy_pairs
+from mgpu_lib.sweep import Record
+from mgpu_lib.switches import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
+                               prepare_model, resolve_switches)
+from mgpu_lib.train import TrainConfig, make_model, make_step, train
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +26,9 @@ def one_step_loss(config, loader, switches):
     if switches.channels_last:
         net = net.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    loss_sum, correct, n = train_epoch(net, loader, optimizer, nn.CrossEntropyLoss(), "cpu",
-                                       switches=switches)
-    return float(loss_sum) / n
+    step = make_step(net, optimizer, nn.CrossEntropyLoss(), "cpu", switches)
+    sums = [step(x, y) for x, y in loader]
+    return float(sum(s[0] for s in sums)) / sum(len(y) for _, y in loader)
 
 
 def test_fast_and_reference_give_the_same_loss(tiny):
@@ -54,7 +58,7 @@ def test_cpu_bf16_support_reads_flags(flags, expected):
 def test_auto_never_picks_bf16_on_a_cpu_without_native_support(monkeypatch):
     assert not native_bf16("cpu", "none")
     assert native_bf16("cpu", "avx512_bf16") and native_bf16("cpu", "amx")
-    monkeypatch.setattr(perf, "cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setattr(sw_mod, "cpu_bf16_support", lambda: "none")
     config = TrainConfig(width=4, batch_size=8)
     assert resolve_switches(config, "cpu").bf16 is False
     assert resolve_switches(config.replace(bf16=True), "cpu").bf16 is True   # asked for: kept
@@ -62,15 +66,23 @@ def test_auto_never_picks_bf16_on_a_cpu_without_native_support(monkeypatch):
 
 @pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"},
                                    {"avx2", "fma"}])
-def test_auto_on_cpu_is_fixed_fp32_channels_last(monkeypatch, flags):
+def test_auto_on_cpu_is_fixed_fp32(monkeypatch, flags):
     """No probing, and no bf16 on any CPU unless asked for: the same config gets the same
     switches whatever the machine's load, and native bf16 does not change the numerics."""
-    monkeypatch.setattr(perf, "cpu_flags", lambda: flags)
-    sw = resolve_switches(TrainConfig(width=4, batch_size=8), "cpu")
+    monkeypatch.setattr(sw_mod, "cpu_bf16_support", lambda: cpu_bf16_support(flags))
+    sw = resolve_switches(TrainConfig(width=16, batch_size=8), "cpu")
     assert sw == Switches(device_data=True, channels_last=True, bf16=False,
-                          cudnn_benchmark=False, compile=False, eval_batch_size=perf.EVAL_BATCH)
-    explicit = resolve_switches(TrainConfig(width=4, batch_size=8, channels_last=False), "cpu")
+                          cudnn_benchmark=False, compile=False, eval_batch_size=EVAL_BATCH)
+    explicit = resolve_switches(TrainConfig(width=16, batch_size=8, channels_last=False), "cpu")
     assert not explicit.channels_last
+
+
+def test_channels_last_rule():
+    """On a CPU, channels_last only from width 16 (see tests/test_crash_regression.py)."""
+    assert channels_last_safe("cuda", 8) and channels_last_safe("cpu", 16)
+    assert not channels_last_safe("cpu", 8) and not channels_last_safe("mps", 64)
+    assert not resolve_switches(TrainConfig(width=8, batch_size=33), "cpu").channels_last
+    assert resolve_switches(TrainConfig(width=8, channels_last=True), "cpu").channels_last
 
 
 def test_reference_config_turns_every_switch_off():
@@ -105,30 +117,30 @@ def test_train_runs_both_paths():
 
 
 def test_bench_measures_both_loops(tmp_path):
-    out = tmp_path / "bench.json"
+    out = tmp_path / "bench.jsonl"
     code = main(["bench", "--steps", "2", "--repeats", "2", "--warmup-steps", "1",
                  "--width", "4", "--batch-size", "16", "--device", "cpu", "--workers", "0",
                  "--out", str(out)])
     assert code == 0
-    result = json.loads(out.read_text())
+    result, = results.read(out)
     assert set(result["modes"]) == {"reference", "fast"}
     for m in result["modes"].values():
         assert len(m["images_per_second"]) == 2 and m["median"] > 0
         assert m["peak_tflops"] is None                  # no datasheet peak for a CPU
     ratio = result["modes"]["fast"]["median"] / result["modes"]["reference"]["median"]
     assert result["ratio"] == pytest.approx(ratio)
-    assert any("ratio: fast / reference" in line for line in perf.format_bench(result))
+    assert any("ratio: fast / reference" in line for line in bench.format_bench(result))
 
 
 @pytest.mark.parametrize("flags, bf16, norm_fp32", [(["--bf16", "on"], True, False),
                                                     (["--bf16", "off"], False, False),
                                                     (["--bf16", "on", "--norm-fp32"], True, True)])
 def test_bench_bf16_flags_set_the_fast_loop(tmp_path, flags, bf16, norm_fp32):
-    out = tmp_path / "bench.json"
+    out = tmp_path / "bench.jsonl"
     assert main(["bench", "--steps", "1", "--repeats", "1", "--warmup-steps", "1", "--width", "4",
                  "--batch-size", "8", "--device", "cpu", "--workers", "0", *flags,
                  "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
+    result, = results.read(out)
     assert result["modes"]["fast"]["switches"]["bf16"] is bf16
     assert result["modes"]["fast"]["switches"]["norm_fp32"] is norm_fp32
     assert result["modes"]["reference"]["switches"]["bf16"] is False
@@ -143,7 +155,7 @@ def test_bench_rejects_a_missing_gpu(capsys):
 
 def test_ablation_modes_start_from_the_reference():
     fast = Switches(device_data=True, eval_batch_size=1024)
-    modes = perf.ablation_modes(fast, "cpu")
+    modes = bench.ablation_modes(fast, "cpu")
     names = list(modes)
     assert modes[names[0]] == REFERENCE and modes[names[-1]] == fast
     assert modes["+ channels_last"].channels_last and modes["+ channels_last"].device_data
@@ -152,7 +164,6 @@ def test_ablation_modes_start_from_the_reference():
 
 def test_chapter_loader_visits_images_in_the_device_loaders_order():
     """Same seed, same order: the two paths differ only in how a batch is made."""
-    from mgpu_lib.data import DeviceLoader, chapter_loader
     images = torch.randint(0, 256, (50, 28, 28), dtype=torch.uint8)
     labels = torch.arange(50) % 10
     for seed in (0, 3):
@@ -163,18 +174,20 @@ def test_chapter_loader_visits_images_in_the_device_loaders_order():
                 assert torch.equal(yf, yr) and torch.allclose(xf, xr)
 
 
-def _acc_record(seed, ref, fast, bf16, ref_train=0.9, fast_train=0.9):
-    sw = Switches(device_data=True, channels_last=True, bf16=bf16).to_dict()
-    return {"profile": "cpu", "hardware": "CPU", "seed": seed, "gap_points": 100 * (fast - ref),
-            "reference": {"test_acc": [0.5, ref], "train_acc": [0.5, ref_train]},
-            "fast": {"test_acc": [0.5, fast], "train_acc": [0.5, fast_train],
-                     "extra": {"switches": sw}}}
+def _run(seed, test, train_acc=0.9, fast=True, bf16=False):
+    config = TrainConfig(width=4, seed=seed, fast=fast, profile="cpu").to_dict()
+    switches = Switches(device_data=True, channels_last=True, bf16=bf16) if fast else REFERENCE
+    return Record(config=config, options={}, status="ok", hardware="CPU", profile="cpu",
+                  num_devices=1, steps_per_epoch=1, data_source="synthetic",
+                  metrics={"test_acc": [0.5, test], "train_acc": [0.5, train_acc]},
+                  extra={"switches": switches.to_dict()})
 
 
-def test_summarize_accuracy_groups_by_fast_switches():
-    rows = perf.summarize_accuracy([_acc_record(0, 0.80, 0.82, True, fast_train=0.88),
-                                    _acc_record(1, 0.84, 0.83, True, fast_train=0.86),
-                                    _acc_record(0, 0.85, 0.80, False)])
+def test_summarize_accuracy_pairs_each_fast_run_with_its_seeds_reference():
+    rows = accuracy.summarize_accuracy([
+        _run(0, 0.80, fast=False), _run(1, 0.84, fast=False),
+        _run(0, 0.82, 0.88, bf16=True), _run(1, 0.83, 0.86, bf16=True), _run(0, 0.75),
+        _run(7, 0.99, bf16=True)])                         # seed 7 has no reference: ignored
     by_fast = {r["fast"]: r for r in rows}
     assert set(by_fast) == {"device data, channels_last, bf16 autocast",
                             "device data, channels_last, fp32"}
@@ -189,19 +202,20 @@ def test_summarize_accuracy_groups_by_fast_switches():
 
 
 def test_paired_fast_gap_matches_seeds():
-    fp32 = [_acc_record(0, 0.8, 0.80, False), _acc_record(1, 0.8, 0.90, False)]
-    bf16 = [_acc_record(1, 0.8, 0.86, True), _acc_record(0, 0.8, 0.82, True),
-            _acc_record(2, 0.8, 0.10, True)]                 # seed 2 has no partner: ignored
-    gap = perf.paired_fast_gap(fp32, bf16)
+    refs = [_run(s, 0.8, fast=False) for s in (0, 1, 2)]
+    groups = accuracy.pairs(refs + [_run(0, 0.80), _run(1, 0.90), _run(1, 0.86, bf16=True),
+                                    _run(0, 0.82, bf16=True), _run(2, 0.10, bf16=True)])
+    fp32 = groups["device data, channels_last, fp32"]
+    bf16 = groups["device data, channels_last, bf16 autocast"]
+    gap = accuracy.paired_fast_gap(fp32, bf16)               # seed 2: no fp32 partner
     assert gap["seeds"] == 2 and gap["mean_points"] == pytest.approx(-1.0)   # (+2 - 4) / 2
     assert gap["se_points"] == pytest.approx(3.0)            # stdev(2, -4) / sqrt(2)
-    assert perf.paired_fast_gap([], bf16)["seeds"] == 0
+    assert accuracy.paired_fast_gap([], bf16)["seeds"] == 0
 
 
 def test_plot_accuracy_pairs_draws_each_seed_and_the_means():
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_lib.plots import plot_accuracy_pairs
     recs = [{"seed": s, "reference": {"test_acc": [r]}, "fast": {"test_acc": [f]}}
             for s, r, f in ((0, 0.80, 0.84), (1, 0.86, 0.82))]
     fig = plot_accuracy_pairs(recs)
@@ -212,21 +226,8 @@ def test_plot_accuracy_pairs_draws_each_seed_and_the_means():
     assert [list(p.get_ydata()) for p in points] == [[0.80, 0.86], [0.84, 0.82]]
 
 
-def test_compare_accuracy_reuses_only_a_matching_reference():
-    from mgpu_lib.train import TrainResult
-    config = TrainConfig(width=4, batch_size=8, seed=0)
-    other = TrainResult(config=config.replace(seed=1, fast=False).to_dict(), hardware="CPU",
-                        num_devices=1, data_source="synthetic", steps_per_epoch=1)
-    with pytest.raises(ValueError, match="different config"):
-        perf.compare_accuracy(config, reference=other)
-    # the switches do not matter to the reference loop, so they do not block reuse
-    assert perf._without_switches(config.replace(bf16=True, channels_last=False).to_dict()) == \
-        perf._without_switches(config.replace(fast=False).to_dict())
-
-
 def test_norm_fp32_keeps_batchnorm_in_fp32_under_bf16():
     from mgpu_lib.model import resnet18
-    from mgpu_lib.perf import prepare_model
     dtypes = {}
 
     def record(module, args, out):
@@ -246,3 +247,13 @@ def test_norm_fp32_keeps_batchnorm_in_fp32_under_bf16():
     assert resolve_switches(TrainConfig(width=4, batch_size=8, norm_fp32=True, bf16=False),
                             "cpu").norm_fp32 is False
     assert resolve_switches(TrainConfig(width=4, batch_size=8, bf16=True), "cpu").norm_fp32 is False
+
+
+@pytest.mark.parametrize("capability, native", [((6, 1), False), ((7, 0), False), ((7, 5), False),
+                                                ((8, 0), True), ((9, 0), True)])
+def test_cuda_bf16_only_where_native(monkeypatch, capability, native):
+    """A T4 (7.5) or V100 (7.0) reports bf16 as supported (emulated); "auto" must not pick it."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert native_bf16("cuda:0") is native
+    assert resolve_switches(TrainConfig(width=16), "cuda:0").bf16 is native

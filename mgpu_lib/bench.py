@@ -1,0 +1,189 @@
+"""The chapter's loop against the fast loop, timed on the same model, batch and device.
+
+    python -m mgpu_lib bench --width 64 --batch-size 256 --steps 3 --repeats 3 --out bench.jsonl
+
+`bench` times the chapter's loop ("reference") and the fast loop, alternating A B A B after a
+warm-up, and reports medians, TFLOP/s against the device's peak, and memory. `measure` does the
+same for any set of switches (the ablation on the Performance page).
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+from dataclasses import replace
+from itertools import islice
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .chapter import chapter_loader, chapter_workers
+from .data import DeviceLoader, synthetic_fashion_mnist
+from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
+from .model import TRAIN_FLOPS_FACTOR, forward_flops, resnet18
+from .scaling import DEVICES
+from .switches import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
+from .train import TrainConfig, cudnn_benchmark, make_model, make_step
+
+
+def peak_tflops(device, bf16: bool) -> Optional[float]:
+    """The device's datasheet peak (bf16 tensor or fp32) from `scaling.DEVICES`; None if unknown."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, spec in DEVICES.items():
+        if key.split()[0] in name:
+            use_tensor = bf16 and spec.tensor_dtype == "bf16"
+            return spec.tensor_tflops if use_tensor else spec.fp32_tflops
+    return None
+
+
+class _Mode:
+    """One loop under test: its own model, optimizer and endless batch iterator."""
+
+    def __init__(self, switches: Switches, width: int, images, labels, batch: int, device,
+                 num_workers: Optional[int]):
+        self.switches, self.device = switches, device
+        self.net = prepare_model(make_model(TrainConfig(width=width), device), switches)
+        model = torch.compile(self.net) if switches.compile else self.net
+        optimizer = torch.optim.SGD(self.net.parameters(), lr=0.05)
+        self.step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
+        self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
+                       if switches.device_data else
+                       chapter_loader(images, labels, batch, shuffle=True,
+                                      num_workers=num_workers))
+        self.batches = iter(self.loader)    # kept alive: worker start-up is not timed
+
+    def run(self, steps: int) -> float:
+        """Train `steps` steps; returns images per second, timed after synchronizing."""
+        self.net.train()
+        n = 0
+        with cudnn_benchmark(self.switches.cudnn_benchmark), timed([self.device]) as t:
+            for x, y in islice(self.batches, steps):
+                self.step(x, y)
+                n += len(y)
+        return n / t.seconds
+
+
+def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int = 5,
+            repeats: int = 3, warmup_steps: int = 2, device=None,
+            num_workers: Optional[int] = None) -> dict:
+    """Images/s of each mode in `modes` (name -> Switches), round-robin over `repeats`.
+
+    Every mode first trains `warmup_steps` untimed steps; then each repeat runs every mode for
+    `steps` steps in turn (A B A B ...), so slow drifts of a shared machine hit all modes alike.
+    """
+    device = torch.device(device) if device is not None else try_gpu()
+    n = batch_size * (warmup_steps + steps * repeats)
+    data = synthetic_fashion_mnist(n_train=n, n_test=1)      # content does not change speed
+    state = {name: _Mode(sw, width, data["train_images"], data["train_labels"], batch_size,
+                         device, num_workers) for name, sw in modes.items()}
+    rates = {name: [] for name in modes}
+    peak_mem = {name: 0.0 for name in modes}
+    for name, mode in state.items():
+        mode.run(warmup_steps)
+    for _ in range(repeats):
+        for name, mode in state.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            rates[name].append(mode.run(steps))
+            if device.type == "cuda":
+                peak_mem[name] = max(peak_mem[name],
+                                     torch.cuda.max_memory_allocated(device) / 2**20)
+    del state                                  # shuts the loaders' worker processes down
+    return {name: {"switches": modes[name].to_dict(), "describe": modes[name].describe(),
+                   "images_per_second": rates[name],
+                   "median": statistics.median(rates[name]),
+                   "peak_memory_mb": peak_mem[name] if device.type == "cuda" else None}
+            for name in modes}
+
+
+def bench_device(device=None) -> torch.device:
+    """`device` as a torch.device (default: the first GPU, else the CPU), checked to exist."""
+    if device is None:
+        return try_gpu()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and (device.index or 0) >= num_gpus():
+        raise DeviceError(f"{device} requested but this machine has {num_gpus()} CUDA GPU(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"bench supports cpu and cuda devices, got {device}")
+    return device
+
+
+def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: int = 3,
+          warmup_steps: int = 2, device=None, num_workers: Optional[int] = None,
+          bf16=AUTO, norm_fp32: bool = False) -> dict:
+    """The chapter's loop vs the fast loop ("auto" switches for `device`, with `bf16` and
+    `norm_fp32` as given), measured together."""
+    device = bench_device(device)
+    fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
+                                        norm_fp32=norm_fp32), device)
+    modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
+                    steps=steps, repeats=repeats, warmup_steps=warmup_steps, device=device,
+                    num_workers=num_workers)
+    train_flops = TRAIN_FLOPS_FACTOR * forward_flops(resnet18(width=width))
+    for m in modes.values():
+        m["tflops"] = m["median"] * train_flops / 1e12
+        m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
+        m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
+                                if m["peak_tflops"] else None)
+    return {"kind": "bench", "device": str(device), "hardware": describe_devices([device]),
+            "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
+            "warmup_steps": warmup_steps, "num_workers": chapter_workers(num_workers),
+            "train_flops_per_image": train_flops, "cpu_bf16": cpu_bf16_support(),
+            "torch": torch.__version__, "modes": modes,
+            "ratio": modes["fast"]["median"] / modes["reference"]["median"],
+            "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def format_bench(result: dict) -> list:
+    """The lines `python -m mgpu_lib bench` prints."""
+    r = result
+    lines = [f"bench: ResNet-18 width {r['width']}, batch {r['batch_size']}, {r['steps']} steps "
+             f"x {r['repeats']} repeats, alternating after {r['warmup_steps']} warm-up steps, "
+             f"on {r['hardware']}"]
+    for name, m in r["modes"].items():
+        peak = (f"{m['percent_of_peak']:.1f}% of {m['peak_tflops']:g} TFLOP/s peak"
+                if m["peak_tflops"] else "peak unknown for this device")
+        mem = (f"peak memory {m['peak_memory_mb']:.0f} MiB" if m["peak_memory_mb"] is not None
+               else f"process peak RSS {r['process_peak_rss_mb']:.0f} MiB")
+        runs = ", ".join(f"{v:.1f}" for v in m["images_per_second"])
+        lines.append(f"{name:>9}: {m['median']:9.1f} images/s median ({runs}); "
+                     f"{m['tflops']:.3f} TFLOP/s, {peak}; {mem}  [{m['describe']}]")
+    lines.append(f"    ratio: fast / reference = {r['ratio']:.2f}x")
+    return lines
+
+
+def ablation_modes(fast: Switches, device) -> dict:
+    """Reference, device data, then each other switch alone on top of it, then `fast` itself.
+
+    bf16 is tried only where it is native (CUDA with bf16, or a CPU with AVX512-BF16/AMX):
+    emulated bf16 is slow and teaches nothing. compile is left out: it takes minutes.
+    """
+    device = torch.device(device)
+    base = replace(REFERENCE, device_data=True, eval_batch_size=fast.eval_batch_size)
+    modes = {"reference (the chapter's loop)": REFERENCE, "device data, no per-step sync": base,
+             "+ channels_last": replace(base, channels_last=True)}
+    if native_bf16(device):
+        modes["+ bf16 autocast"] = replace(base, bf16=True)
+        modes["+ bf16 autocast, BatchNorm fp32"] = replace(base, bf16=True, norm_fp32=True)
+    if device.type == "cuda":
+        modes["+ cudnn.benchmark"] = replace(base, cudnn_benchmark=True)
+    modes["fast ('auto' switches)"] = fast
+    return modes
+
+
+def format_ablation(measured: dict) -> list:
+    """A text table of `measure`'s result: images/s and speed-up over the first row."""
+    rows = list(measured.items())
+    base = rows[0][1]["median"]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'loop':<{width}}  {'images/s':>9}  {'vs first':>8}  switches"]
+    for name, m in rows:
+        lines.append(f"{name:<{width}}  {m['median']:9.1f}  {m['median'] / base:7.2f}x  "
+                     f"{m['describe']}")
+    return lines

@@ -1,0 +1,164 @@
+"""The chapter's own code (D2L 12.6, PyTorch), kept to show its behaviour and to time it against.
+
+- `lazy_resnet18` and `chapter_init_weights`: the network as the chapter builds it, with lazy
+  layers that its `type(m) in [nn.Linear, nn.Conv2d]` init skips;
+- `load_fashion_mnist_chapter`: its input pipeline, a `DataLoader` with 4 worker processes that
+  turns every image into a PIL image and back through `ToTensor`.
+This book's own versions (`model.resnet18`, `data.load_fashion_mnist`) fix what goes wrong here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from .data import load_subsets
+
+
+def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
+    """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers.
+
+    Lazy layers learn their input size at the first forward pass; until then their weights are
+    `UninitializedParameter`s and their class is `LazyConv2d`, not `Conv2d`.
+    """
+    class LazyResidual(nn.Module):
+        def __init__(self, channels: int, use_1x1conv: bool = False, strides: int = 1):
+            super().__init__()
+            self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
+            self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
+            self.conv3 = nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv else None
+            self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+            return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
+
+    def stage(channels: int, first: bool) -> nn.Sequential:
+        return nn.Sequential(LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
+                             LazyResidual(channels))
+
+    w = width
+    net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
+                        nn.BatchNorm2d(w), nn.ReLU())
+    for i, (channels, first) in enumerate([(w, True), (2 * w, False), (4 * w, False),
+                                           (8 * w, False)], start=1):
+        net.add_module(f"resnet_block{i}", stage(channels, first))
+    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
+    net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(8 * w, num_classes)))
+    return net
+
+
+def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
+    """The chapter's init, `type(m) in [nn.Linear, nn.Conv2d]`; returns how many layers it reached.
+
+    The exact type test skips `LazyConv2d` layers that have not seen data yet.
+    """
+    reached = 0
+    for m in net.modules():
+        if type(m) in (nn.Linear, nn.Conv2d):
+            nn.init.normal_(m.weight, std=std)
+            reached += 1
+    return reached
+
+
+
+class PILImages(Dataset):
+    """uint8 images served the way torchvision's `FashionMNIST` serves them.
+
+    Each item becomes a PIL image and then goes through `ToTensor`: real per-sample work in the
+    loader's worker processes, which is what the chapter's pipeline pays for every image.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        from torchvision import transforms
+        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
+        self.transform = transforms.ToTensor()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
+        return self.transform(image), int(self.labels[i])
+
+
+class ChapterLoader(DataLoader):
+    """A `DataLoader` that also says where its data came from, like `DeviceLoader`."""
+
+    def __init__(self, *args, source: str = "unknown", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.source = source
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.dataset)
+
+
+class PermutationSampler(torch.utils.data.Sampler):
+    """One `torch.randperm` per epoch from a generator seeded once: `DeviceLoader`'s order.
+
+    (`RandomSampler` draws an extra permutation at the end of each epoch, so its orders drift
+    from `DeviceLoader`'s after the first epoch; fast and reference runs should see the same
+    images in the same order.)
+    """
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
+def chapter_workers(requested: Optional[int] = None) -> int:
+    """Worker processes for the chapter's loader: its 4, but no more than the usable cores.
+
+    D2L's `get_dataloader_workers()` returns 4. On a machine with fewer cores the extra workers
+    only compete with the training threads for the same cores, so the default is capped there.
+    """
+    if requested is not None:
+        if requested < 0:
+            raise ValueError(f"num_workers must be 0 or more, got {requested}")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, cores or 1)
+
+
+def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
+                   source: str = "unknown") -> ChapterLoader:
+    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    workers = chapter_workers(num_workers)
+    dataset = PILImages(images, labels)
+    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
+    # Training drops a final partial batch, like DeviceLoader (see its docstring for why).
+    return ChapterLoader(dataset, batch_size=batch_size, sampler=sampler,
+                         drop_last=shuffle and len(dataset) >= batch_size,
+                         num_workers=workers, generator=torch.Generator().manual_seed(seed),
+                         source=source)
+
+
+def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
+                               train_limit: Optional[int] = None,
+                               test_limit: Optional[int] = None, seed: int = 0,
+                               allow_synthetic: bool = False,
+                               num_workers: Optional[int] = None
+                               ) -> tuple[ChapterLoader, ChapterLoader]:
+    """The same images as `load_fashion_mnist`, through the chapter's own pipeline (on the CPU).
+
+    `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
+    """
+    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+                                              test_limit)
+    kw = dict(seed=seed, num_workers=num_workers, source=origin)
+    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
+            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))
