@@ -1,27 +1,26 @@
-"""Record the fast loop's accuracy against the chapter's loop, one JSON file per seed.
+"""Record the fast loop's accuracy against the chapter's loop over many seeds.
 
     MGPU_FASHION_MNIST_DIR=... .venv/bin/python tools/record_accuracy.py --profile cpu \
-        --bf16 off --seeds 0-19 --reuse results/perf_accuracy_cpu_seed{seed}.json
+        --bf16 off --seeds 0-19
 
-Each file is `perf.compare_accuracy`'s record. `--reuse` names recorded files (with `{seed}`)
-whose reference run is taken instead of trained again: the reference loop is deterministic on
-one machine, and it is the slow half. Files already written are skipped, so an interrupted run
-continues where it stopped.
+A sweep over `fast` (the chapter's loop, then the fast loop) x seeds into
+`mgpu_lib/results/accuracy_<profile>.jsonl`. The chapter's loop ignores the fast path's switches,
+so its run of a seed is stored once and reused by every fast variant (`--bf16`, `--norm-fp32`).
+Points already stored are skipped, so an interrupted run continues where it stopped.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mgpu_lib.perf import BF16_FLAG, compare_accuracy   # noqa: E402
-from mgpu_lib.profiles import get_profile            # noqa: E402
-from mgpu_lib.train import TrainConfig, TrainResult, write_json_atomic   # noqa: E402
+from mgpu_lib.profiles import get_profile       # noqa: E402
+from mgpu_lib.results import recorded           # noqa: E402
+from mgpu_lib.sweep import sweep                # noqa: E402
+from mgpu_lib.switches import BF16_FLAG         # noqa: E402
+from mgpu_lib.train import TrainConfig          # noqa: E402
 
 
 def seed_list(text: str) -> list[int]:
@@ -37,42 +36,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="cpu")
     p.add_argument("--bf16", choices=list(BF16_FLAG), default="auto",
-                   help="the fast loop's bf16 switch (auto: native bf16 only)")
+                   help="the fast loop's bf16 switch (auto: native bf16 on GPUs only)")
     p.add_argument("--norm-fp32", action="store_true",
                    help="under bf16, run BatchNorm (and what follows it) in fp32")
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
-    p.add_argument("--reuse", help="recorded files with '{seed}' whose reference to reuse")
-    p.add_argument("--out", default=None,
-                   help="output pattern with '{seed}' (default results/perf_accuracy_<profile>"
-                        "[_fp32|_bf16]_seed{seed}.json)")
+    p.add_argument("--store", help="JSON Lines store (default: the recorded "
+                                   "accuracy_<profile>.jsonl)")
     args = p.parse_args(argv)
-    bf16 = BF16_FLAG[args.bf16]
-    tag = {"auto": "", "on": "_bf16", "off": "_fp32"}[args.bf16]
-    if args.norm_fp32:
-        if bf16 is not True:
-            p.error("--norm-fp32 applies to bf16: add --bf16 on")
-        tag += "_normfp32"
-    out = args.out or str(ROOT / "results" / f"perf_accuracy_{args.profile}{tag}_seed{{seed}}.json")
-    for seed in args.seeds:
-        path = Path(out.format(seed=seed))
-        if path.exists():
-            print(f"seed {seed}: {path.name} exists, skipped", flush=True)
-            continue
-        config = TrainConfig.from_profile(get_profile(args.profile), seed=seed, bf16=bf16,
-                                          norm_fp32=args.norm_fp32)
-        reference = None
-        if args.reuse:
-            recorded = json.loads(Path(args.reuse.format(seed=seed)).read_text())
-            reference = TrainResult.from_dict(recorded["reference"])
-        t0 = time.perf_counter()
-        rec = compare_accuracy(config, reference=reference)
-        rec["seed"] = seed
-        rec["reference_reused"] = reference is not None
-        write_json_atomic(path, rec)
-        print(f"seed {seed}: reference {rec['reference']['test_acc'][-1]:.4f}, fast "
-              f"{rec['fast']['test_acc'][-1]:.4f}, gap {rec['gap_points']:+.2f} points "
-              f"[{rec['fast']['extra']['switches']}] {time.perf_counter() - t0:.0f} s",
-              flush=True)
+    if args.norm_fp32 and BF16_FLAG[args.bf16] is not True:
+        p.error("--norm-fp32 applies to bf16: add --bf16 on")
+    base = TrainConfig.from_profile(get_profile(args.profile), bf16=BF16_FLAG[args.bf16],
+                                    norm_fp32=args.norm_fp32)
+    store = args.store or recorded(f"accuracy_{args.profile}.jsonl")
+    sweep(base, {"fast": [False, True]}, seeds=args.seeds, store=store,
+          log=lambda line: print(line, flush=True))
     return 0
 
 
