@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from .bench import bench, format_bench
 from .data import DataError
-from .ddp import COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
+from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
@@ -124,14 +124,14 @@ def cmd_train(args) -> int:
     if args.out:
         check_writable(args.out)               # before training, not after
     if args.strategy == "ddp":
-        result = _train_ddp(config, args)
+        result = _train_ddp(config, args)      # it echoes rank 0's summary line itself
         if result is None:
             return 1
     elif args.nprocs or args.checkpoint or args.resume:
         raise ValueError("--nprocs, --checkpoint and --resume need --strategy ddp")
     else:
         result = train(config, progress=True)
-    print(result.summary())
+        print(result.summary())
     if args.out:
         result.save(args.out)
     return 0 if result.status == "ok" else 3
@@ -245,9 +245,11 @@ def cmd_worker(args) -> int:
                   else config_from_args(args))
         if args.out:
             check_writable(args.out)
-        run(config, backend=args.backend, checkpoint=args.checkpoint,
-                     resume=args.resume, out=args.out, timeout_s=args.timeout,
-                     threads=args.threads, log=lambda line: print(LOG + line, flush=True))
+        if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
+            check_writable(Path(args.checkpoint) / CKPT_NAME)
+        run(config, backend=args.backend, checkpoint=args.checkpoint, resume=args.resume,
+            out=args.out, timeout_s=args.timeout, threads=args.threads,
+            log=lambda line: print(LOG + line, flush=True))
     except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
         print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,
               flush=True)

@@ -36,6 +36,8 @@ CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
 # A checkpoint continues only the run it came from: these settings must match (epochs may grow).
 CKPT_KEYS = ("batch_size", "lr", "seed", "width", "train_limit", "test_limit", "data_source")
+# What a checkpoint holds; `restore` reads every one of them.
+CKPT_ENTRIES = ("format", "epoch", "config", "world_size", "model", "optimizer", "rng", "result")
 # A collective waits this long for a silent rank (a stopped or hung process) before failing.
 # Long enough for rank 0's evaluation at the end of an epoch, short enough to notice a hang.
 COLLECTIVE_TIMEOUT_S = 300.0
@@ -137,21 +139,14 @@ def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[di
     """The checkpoint in `folder`, checked against this run; None if there is none.
 
     Raises:
-        CheckpointError: the file is truncated or corrupt, or belongs to a different run.
+        CheckpointError: the file is truncated or corrupt, belongs to a different run, or
+            holds more epochs than `config.num_epochs` (resuming it would train nothing and
+            report more epochs than were asked for).
     """
     path = Path(folder) / CKPT_NAME
     if not path.is_file():
         return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:         # zip, pickle and EOF errors: all mean "not a whole file"
-        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
-        raise CheckpointError(f"checkpoint {path.name} in {Path(folder).name!r} is truncated "
-                              f"or corrupt ({first}); delete it or run without --resume") from None
-    if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT or \
-            not isinstance(state.get("config"), dict):
-        raise CheckpointError(f"checkpoint {path.name} is not an mgpu_lib DDP checkpoint "
-                              f"(format {CKPT_FORMAT})")
+    state = _read_checkpoint(path)
     want = {k: getattr(config, k) for k in CKPT_KEYS}
     diff = [f"{k} {state['config'].get(k)!r} != {v!r}" for k, v in want.items()
             if state["config"].get(k) != v]
@@ -160,7 +155,41 @@ def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[di
     if diff:
         raise CheckpointError(f"checkpoint {path.name} belongs to a different run: "
                               f"{'; '.join(diff)}")
+    if state["epoch"] > config.num_epochs:
+        raise CheckpointError(f"checkpoint {path} has {state['epoch']} epochs, more than "
+                              f"--epochs {config.num_epochs} (num_epochs); resume with "
+                              f"--epochs {state['epoch']} or more")
     return state
+
+
+def _read_checkpoint(path: Path) -> dict:
+    """The whole dict in `path`, with every entry `restore` reads, else a CheckpointError."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:         # zip, pickle and EOF errors: all mean "not a whole file"
+        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise CheckpointError(f"checkpoint {path.name} in {path.parent.name!r} is truncated "
+                              f"or corrupt ({first}); delete it or run without --resume") from None
+    problem = _checkpoint_problem(state)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is not an mgpu_lib DDP checkpoint of format "
+                              f"{CKPT_FORMAT} ({problem}); delete it or run without --resume")
+    return state
+
+
+def _checkpoint_problem(state) -> Optional[str]:
+    """What keeps `state` from being restored (so that `restore` meets no KeyError), or None."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dict"
+    missing = [k for k in CKPT_ENTRIES if k not in state]
+    if missing:
+        return f"no {', '.join(missing)}"
+    if state["format"] != CKPT_FORMAT:
+        return f"format {state['format']!r}"
+    if not isinstance(state["config"], dict) or not isinstance(state["epoch"], int) or \
+            not isinstance(state["result"], dict) or any(m not in state["result"] for m in METRICS):
+        return "a malformed config, epoch or result"
+    return None
 
 
 def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Optional
@@ -19,6 +20,15 @@ LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` p
 # A worker's own error line (see the CLI's `worker` command), and any exception line.
 WORKER_ERROR = re.compile(r"mgpu_lib worker rank (\d+): error: (.*)")
 EXCEPTION = re.compile(r"^(\[rank\d+\]: )?\w*(Error|Exception)\b")
+# gloo's "[/path/to/unbound_buffer.cc:78] " prefix; gloo's and NCCL's words for a timeout
+# ("Timed out waiting", "Application timeout caused pair closure", "operation timeout").
+GLOO_WHERE = re.compile(r"\[[^\]]*\.(cc|cpp|h):\d+\] ")
+TIMED_OUT = re.compile(r"\btim(ed|ing) out\b|\btimeout\b", re.I)
+# torchrun's log line when it stops its workers (one failed, or it was told to stop).
+CLOSING = re.compile(r"Sending process \d+ closing signal")
+# Then a worker gets this long to exit before it is killed; it has nothing to save (the
+# checkpoints are written atomically), and a stopped or wedged one would never exit.
+SHUTDOWN_GRACE_S = 5.0
 
 
 class LaunchError(RuntimeError):
@@ -34,26 +44,19 @@ def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] =
     """Run `cmd`, pass rank 0's lines to `log`, keep the last lines; stop everything on timeout.
 
     Returns the exit code and the lines kept: every error line (however early it came) and
-    then the last 60 lines.
+    then the last 60 lines. Once torchrun stops its workers after a failure, any that has not
+    exited SHUTDOWN_GRACE_S later is killed.
     """
     tail: deque = deque(maxlen=60)
     errors: list[str] = []
+    closing = threading.Event()     # torchrun is stopping its workers, or its output ended
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, preexec_fn=_die_with_parent)
-
-    def pump():
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail.append(line)
-            if (WORKER_ERROR.search(line) or EXCEPTION.match(line)) and len(errors) < 20:
-                errors.append(line)
-            if log is not None and line.startswith(LOG):
-                log(line[len(LOG):])
-
-    reader = threading.Thread(target=pump, daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc, tail, errors, closing, log),
+                              daemon=True)
     reader.start()
     try:
-        code = proc.wait(timeout=timeout_s)
+        code = _wait(proc, closing, time.monotonic() + timeout_s)
     except subprocess.TimeoutExpired:
         _stop(proc)
         reader.join(5)
@@ -65,6 +68,47 @@ def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] =
             _stop(proc)
     reader.join(5)
     return code, errors + [t for t in tail if t not in errors]
+
+
+def _pump(proc: subprocess.Popen, tail: deque, errors: list, closing: threading.Event,
+          log: Optional[Callable[[str], None]]) -> None:
+    """Read `proc`'s output: keep the tail and the error lines, pass rank 0's lines to `log`,
+    and set `closing` when torchrun starts stopping its workers."""
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            if (WORKER_ERROR.search(line) or EXCEPTION.match(line)) and len(errors) < 20:
+                errors.append(line)
+            if CLOSING.search(line):
+                closing.set()
+            if log is not None and line.startswith(LOG):
+                log(line[len(LOG):])
+    finally:
+        closing.set()               # the output ended (or `log` raised): wait for the exit
+
+
+def _wait(proc: subprocess.Popen, closing: threading.Event, deadline: float) -> int:
+    """`proc`'s exit code. Once torchrun stops its workers after a failure, they get
+    SHUTDOWN_GRACE_S, then SIGKILL: torchrun itself gives a rank that ignores SIGTERM (a
+    stopped or wedged one) 30 s there (its --shutdown-timeout only applies when torchrun
+    itself is signalled; torch 2.14's `LocalElasticAgent._stop_workers`).
+
+    Raises:
+        subprocess.TimeoutExpired: `deadline` (a `time.monotonic()` value) passed first.
+    """
+    closing.wait(max(0.0, deadline - time.monotonic()))
+    try:
+        return proc.wait(max(0.0, min(SHUTDOWN_GRACE_S, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        if time.monotonic() >= deadline:
+            raise
+    for pid in _descendants(proc.pid):     # torchrun then reports them and exits
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return proc.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _die_with_parent() -> None:
@@ -124,6 +168,18 @@ def failure_message(code: int, lines: list[str]) -> str:
                   and re.match(r"\w*(Error|Exception)\b", t.split(":", 1)[1].strip())]
         detail = (signal_.group(1) if signal_ else errors[-1] if errors
                   else f"exit code {exitcode.group(1) if exitcode else '?'}")
-        return f"DDP rank {rank.group(1)} failed: {detail}"
-    last = next((t for t in reversed(lines) if t.strip()), "no output")
-    return f"DDP job failed (torchrun exit code {code}): {last}"
+        return f"DDP rank {rank.group(1)} failed: {_explain(detail)}"
+    # No torchrun summary (torchrun itself failed): an exception says more than the last line.
+    errors = [t for t in lines if EXCEPTION.match(t)]
+    last = errors[-1] if errors else next((t for t in reversed(lines) if t.strip()), "no output")
+    return f"DDP job failed (torchrun exit code {code}): {_explain(last)}"
+
+
+def _explain(detail: str) -> str:
+    """`detail` without gloo's source location, and with the likely cause of a timeout: the
+    rank that reports it is the one that waited, not the one that hung."""
+    detail = GLOO_WHERE.sub("", detail)
+    if TIMED_OUT.search(detail):
+        detail += (" (a collective timed out: another rank stopped answering; it hung, died or "
+                   "is slower than the collective timeout)")
+    return detail
