@@ -107,6 +107,21 @@ def cpu_bf16_support(flags: Optional[set] = None) -> str:
     return "none"
 
 
+def autocast_dtype(device) -> Optional[str]:
+    """The reduced precision `device` runs fast: "bf16" on CUDA GPUs of compute capability 8.0
+    and newer (native bf16 tensor cores), "fp16" on 7.0 and 7.5 (a V100 or a Colab T4: fp16
+    tensor cores, no bf16), None elsewhere (older GPUs, CPUs, MPS): fp32.
+
+    `torch.cuda.is_bf16_supported()` is not the test: it also says True where bf16 is only
+    emulated, which on a T4 is slower than fp32.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    capability = torch.cuda.get_device_capability(device)
+    return "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else None
+
+
 def synchronize(devices) -> None:
     """Wait for queued GPU work, so a timer reads finished work, not launched work."""
     for d in devices:

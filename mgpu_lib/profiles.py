@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .devices import describe_devices
+from .devices import autocast_dtype, describe_devices, try_gpu
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ def active_profile() -> Profile:
 
 
 def banner(profile: Optional[Profile] = None) -> str:
-    """One line for a notebook's setup cell: the active profile and the hardware."""
+    """Two short lines for a notebook's setup cell: the profile; the hardware and the precision
+    the fast path picks on it."""
     p = profile or active_profile()
-    return f"profile: {p.name} ({p.about}) | hardware: {describe_devices()}"
+    precision = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler"}.get(
+        autocast_dtype(try_gpu()), "fp32")
+    return f"profile: {p.name} ({p.about})\nhardware: {describe_devices()}; {precision}"

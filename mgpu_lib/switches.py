@@ -7,6 +7,8 @@ was):
 - channels_last: on CUDA, and on a CPU where `channels_last_safe` says so;
 - bf16 autocast: on CUDA GPUs with native bf16 (compute capability 8.0 and newer). On a CPU it
   is opt-in (`bf16=True`): the Performance page shows what it costs in accuracy;
+- fp16 autocast with a `GradScaler`: on CUDA GPUs of capability 7.0 and 7.5 (V100, T4), which
+  have fp16 tensor cores but no bf16;
 - cudnn.benchmark: on CUDA; evaluation batch: 1024 images (at least the training batch);
 - torch.compile: off unless asked for (compiling takes longer than the runs this book does).
 All off (`REFERENCE`) is the chapter's loop: its DataLoader, NCHW and fp32.
@@ -19,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .devices import cpu_bf16_support
+from .devices import autocast_dtype, cpu_bf16_support
 
 AUTO = "auto"
 EVAL_BATCH = 1024       # images per evaluation batch on the fast path
@@ -34,6 +36,7 @@ class Switches:
     channels_last: bool = False
     bf16: bool = False             # autocast; parameters and optimizer stay fp32
     norm_fp32: bool = False        # under bf16: BatchNorm (and what follows it) in fp32
+    fp16: bool = False             # autocast to fp16, with a GradScaler (CUDA only)
     cudnn_benchmark: bool = False
     compile: bool = False
     eval_batch_size: Optional[int] = None   # None: the training batch
@@ -46,7 +49,7 @@ class Switches:
         parts = ["device data" if self.device_data else "DataLoader+ToTensor",
                  "channels_last" if self.channels_last else "NCHW",
                  ("bf16 autocast, BatchNorm fp32" if self.norm_fp32 else "bf16 autocast")
-                 if self.bf16 else "fp32"]
+                 if self.bf16 else "fp16 autocast + GradScaler" if self.fp16 else "fp32"]
         parts += [name for name, on in (("cudnn.benchmark", self.cudnn_benchmark),
                                         ("compiled", self.compile)) if on]
         return ", ".join(parts)
@@ -66,7 +69,7 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
     """
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
+        return autocast_dtype(device) == "bf16"
     if device.type == "cpu":
         return (cpu_support or cpu_bf16_support()) != "none"
     return False
@@ -75,9 +78,12 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
 def channels_last_safe(device_type: str, width: int) -> bool:
     """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`.
 
-    On CUDA, always. On a CPU, only from width 16: at width 8 the backward pass of the first
-    stride-2 1x1 convolution (8 input channels, channels_last) crashes oneDNN in torch 2.14 on
-    odd batch sizes (tests/test_crash_regression.py keeps the ten-line reproduction).
+    On CUDA, always. On a CPU, only from width 16. In torch 2.14 the backward pass of a
+    channels_last, stride-2, 1x1 convolution crashes oneDNN (a segfault or heap corruption) when
+    it has few input channels: 2 to 7 on one thread on an AVX2 EPYC, 8 on two threads on another
+    CPU; at 16 and more it never did. The narrowest such convolution here has `width` input
+    channels, so the rule keeps channels_last where it is safe and measured faster (1.1x to 1.3x
+    at widths 16 and 64). tests/test_crash_regression.py keeps the ten-line reproduction.
     """
     if device_type == "cuda":
         return True
@@ -112,10 +118,13 @@ def resolve_switches(config, device) -> Switches:
         return auto if value == AUTO else bool(value)
 
     bf16 = pick(config.bf16, cuda and native_bf16(device))
+    fp16 = not bf16 and pick(config.fp16, autocast_dtype(device) == "fp16")
+    if fp16 and not cuda:
+        raise ValueError("fp16 autocast with a GradScaler needs a CUDA GPU; on a CPU use bf16")
     return Switches(device_data=pick(config.device_data, True),
                     channels_last=pick(config.channels_last,
                                        channels_last_safe(device.type, config.width)),
-                    bf16=bf16, norm_fp32=bf16 and bool(config.norm_fp32),
+                    bf16=bf16, norm_fp32=bf16 and bool(config.norm_fp32), fp16=fp16,
                     cudnn_benchmark=pick(config.cudnn_benchmark, cuda),
                     compile=pick(config.compile, False),
                     eval_batch_size=config.eval_batch_size or max(EVAL_BATCH, config.batch_size))

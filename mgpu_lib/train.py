@@ -64,6 +64,7 @@ class TrainConfig:
     channels_last: Union[bool, str] = "auto"
     bf16: Union[bool, str] = "auto"             # autocast to bf16; the weights stay fp32
     norm_fp32: bool = False                     # under bf16: BatchNorm in fp32 (opt-in)
+    fp16: Union[bool, str] = "auto"             # CUDA: fp16 autocast + GradScaler (auto: T4, V100)
     cudnn_benchmark: Union[bool, str] = "auto"
     compile: Union[bool, str] = "auto"          # torch.compile; auto: off (compile time dominates)
     eval_batch_size: Optional[int] = None       # None: 1024 (at least batch_size) on the fast path
@@ -96,7 +97,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.profile, str):
             raise ValueError(f"profile must be a name (a string), got {self.profile!r}")
-        for name in ("device_data", "channels_last", "bf16", "cudnn_benchmark", "compile"):
+        for name in ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark",
+                     "compile"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
@@ -182,8 +184,10 @@ def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switch
 
 
 def _autocast(device, switches: Optional[Switches]):
-    on = switches is not None and switches.bf16
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=on)
+    fp16 = switches is not None and switches.fp16
+    on = switches is not None and (switches.bf16 or fp16)
+    return torch.autocast(torch.device(device).type, enabled=on,
+                          dtype=torch.float16 if fp16 else torch.bfloat16)
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
@@ -221,15 +225,25 @@ def make_model(config: TrainConfig, device) -> nn.Module:
 
 def make_step(model: nn.Module, optimizer, loss_fn, device, switches: Optional[Switches] = None):
     """`step(x, y)`: one SGD step on a batch, returning (sum of losses, correct) as tensors on
-    `device`. Nothing is read back to the host: a `.item()` here would stall the GPU."""
+    `device`. Nothing is read back to the host: a `.item()` here would stall the GPU.
+
+    Under fp16 autocast a `GradScaler` scales the loss, so small gradients do not underflow.
+    """
+    scaler = torch.amp.GradScaler("cuda") if switches is not None and switches.fp16 else None
+
     def step(x, y):
         x, y = _prepare(x, y, device, switches)
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device, switches):
             out = model(x)
             loss = loss_fn(out, y)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         return loss.detach().float() * y.numel(), (out.argmax(dim=1) == y).sum()
     return step
 
