@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .chapter import chapter_loader, chapter_workers
+from .chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, chapter_workers
 from .data import DeviceLoader, synthetic_fashion_mnist
 from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
 from .model import TRAIN_FLOPS_FACTOR, forward_flops, resnet18
@@ -48,11 +48,16 @@ class _Mode:
         self.net = prepare_model(make_model(TrainConfig(width=width), device), switches)
         model = torch.compile(self.net) if switches.compile else self.net
         optimizer = torch.optim.SGD(self.net.parameters(), lr=0.05)
-        self.step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
-        self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
-                       if switches.device_data else
-                       chapter_loader(images, labels, batch, shuffle=True,
-                                      num_workers=num_workers))
+        if switches == REFERENCE:    # the chapter's own loader and loop body, line by line
+            self.step = chapter_step(model, optimizer, nn.CrossEntropyLoss(), device)
+            self.loader = ChapterLoader(PILImages(images, labels), batch, shuffle=True,
+                                        num_workers=chapter_workers(num_workers))
+        else:
+            self.step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
+            self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
+                           if switches.device_data else
+                           chapter_loader(images, labels, batch, shuffle=True,
+                                          num_workers=num_workers))
         self.batches = iter(self.loader)    # kept alive: worker start-up is not timed
 
     def run(self, steps: int) -> float:
@@ -158,6 +163,18 @@ def format_bench(result: dict) -> list:
     return lines
 
 
+BENCH_COLUMNS = ("width", "batch", "fast loop", "chapter's loop, images/s", "fast, images/s",
+                 "fast / chapter's")
+
+
+def bench_row(result: dict) -> tuple:
+    """One `bench` result as a table row (columns: `BENCH_COLUMNS`)."""
+    fast, ref = result["modes"]["fast"], result["modes"]["reference"]
+    describe = fast["describe"].replace("device data, ", "")
+    return (result["width"], result["batch_size"], describe, round(ref["median"], 1),
+            round(fast["median"], 1), f"{result['ratio']:.2f}x")
+
+
 def ablation_modes(fast: Switches, device) -> dict:
     """Reference, device data, then each other switch alone on top of it, then `fast` itself.
 
@@ -166,7 +183,7 @@ def ablation_modes(fast: Switches, device) -> dict:
     """
     device = torch.device(device)
     base = replace(REFERENCE, device_data=True, eval_batch_size=fast.eval_batch_size)
-    modes = {"reference (the chapter's loop)": REFERENCE, "device data, no per-step sync": base,
+    modes = {"reference (the chapter's loop)": REFERENCE, "device data": base,
              "+ channels_last": replace(base, channels_last=True)}
     if native_bf16(device):
         modes["+ bf16 autocast"] = replace(base, bf16=True)
@@ -177,13 +194,12 @@ def ablation_modes(fast: Switches, device) -> dict:
     return modes
 
 
-def format_ablation(measured: dict) -> list:
-    """A text table of `measure`'s result: images/s and speed-up over the first row."""
-    rows = list(measured.items())
-    base = rows[0][1]["median"]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{'loop':<{width}}  {'images/s':>9}  {'vs first':>8}  switches"]
-    for name, m in rows:
-        lines.append(f"{name:<{width}}  {m['median']:9.1f}  {m['median'] / base:7.2f}x  "
-                     f"{m['describe']}")
-    return lines
+ABLATION_COLUMNS = ("loop", "images/s", "vs the chapter's loop")
+
+
+def ablation_rows(measured: dict) -> list[tuple]:
+    """`measure`'s result as table rows (columns: `ABLATION_COLUMNS`); the first row is the
+    baseline."""
+    base = next(iter(measured.values()))["median"]
+    return [(name, round(m["median"], 1), f"{m['median'] / base:.2f}x")
+            for name, m in measured.items()]

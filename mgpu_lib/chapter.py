@@ -1,14 +1,19 @@
-"""The chapter's own code (D2L 12.6, PyTorch), kept to show its behaviour and to time it against.
+"""The chapter's own code (D2L 12.6, PyTorch, d2l 1.0.3), kept to show its behaviour and to
+time it against.
 
 - `lazy_resnet18` and `chapter_init_weights`: the network as the chapter builds it, with lazy
   layers that its `type(m) in [nn.Linear, nn.Conv2d]` init skips;
-- `load_fashion_mnist_chapter`: its input pipeline, a `DataLoader` with 4 worker processes that
-  turns every image into a PIL image and back through `ToTensor`.
-This book's own versions (`model.resnet18`, `data.load_fashion_mnist`) fix what goes wrong here.
+- `load_data_fashion_mnist`: its input pipeline, a `DataLoader` with 4 worker processes that
+  turns every image into a PIL image and back through `ToTensor`;
+- `train`, `chapter_step` and `evaluate_accuracy_gpu`: its training loop, line by line.
+This book's own versions (`model.resnet18`, `data.load_fashion_mnist`, `train.train`) fix what
+goes wrong here. `load_fashion_mnist_chapter` is the same pipeline with the image order and the
+dropped last batch of `data.DeviceLoader`, so the two loops can be compared seed by seed.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import torch
@@ -145,6 +150,68 @@ def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, 
                          drop_last=shuffle and len(dataset) >= batch_size,
                          num_workers=workers, generator=torch.Generator().manual_seed(seed),
                          source=source)
+
+
+def load_data_fashion_mnist(batch_size: int, *, source: str = "auto",
+                            train_limit: Optional[int] = None, test_limit: Optional[int] = None,
+                            allow_synthetic: bool = False, num_workers: Optional[int] = None
+                            ) -> tuple[ChapterLoader, ChapterLoader]:
+    """D2L's `load_data_fashion_mnist(batch_size)`: `ToTensor` per image, `shuffle=True` for
+    training, `get_dataloader_workers()` = 4 workers (capped at the cores here), every batch
+    kept."""
+    xtr, ytr, xte, yte, origin = load_subsets(source, None, allow_synthetic, train_limit,
+                                              test_limit)
+    workers = chapter_workers(num_workers)
+    return (ChapterLoader(PILImages(xtr, ytr), batch_size, shuffle=True, num_workers=workers,
+                          source=origin),
+            ChapterLoader(PILImages(xte, yte), batch_size, shuffle=False, num_workers=workers,
+                          source=origin))
+
+
+def chapter_step(net: nn.Module, trainer, loss, device):
+    """The body of the chapter's training loop, as `step(X, y)`. It reads nothing back to the
+    host: the chapter's loop only draws test accuracy, once per epoch."""
+    def step(X, y):
+        trainer.zero_grad()
+        X, y = X.to(device), y.to(device)
+        l = loss(net(X), y)
+        l.backward()
+        trainer.step()
+    return step
+
+
+def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
+    """D2L's `evaluate_accuracy_gpu`: eval mode, and the count of correct predictions read back
+    to the host after every batch."""
+    net.eval()
+    device = device or next(iter(net.parameters())).device
+    correct = total = 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += float((net(X).argmax(dim=1).type(y.dtype) == y).sum())
+            total += y.numel()
+    return correct / total
+
+
+def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
+          num_epochs: int = 10) -> dict:
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, line by line, with the data and the
+    devices passed in. Returns the test accuracy and seconds of every epoch (timed like
+    `d2l.Timer`: no synchronize)."""
+    chapter_init_weights(net)                 # net.apply(init_weights)
+    net = nn.DataParallel(net, device_ids=devices)
+    trainer = torch.optim.SGD(net.parameters(), lr)
+    step = chapter_step(net, trainer, nn.CrossEntropyLoss(), devices[0])
+    out = {"test_acc": [], "epoch_seconds": []}
+    for epoch in range(num_epochs):
+        net.train()
+        t0 = time.perf_counter()
+        for X, y in train_iter:
+            step(X, y)
+        out["epoch_seconds"].append(time.perf_counter() - t0)
+        out["test_acc"].append(evaluate_accuracy_gpu(net, test_iter))
+    return out
 
 
 def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",

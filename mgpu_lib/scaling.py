@@ -105,7 +105,9 @@ class Overheads:
     half_batch: float = 16.0     # per-device batch that reaches half that rate (small kernels
                                  # leave SMs idle): compute = (batch + half_batch) / rate
     step_s: float = 2e-3         # launching ~200 kernels per step at ~10 us each
-    thread_s: float = 2e-3       # DataParallel: replicate + Python forward per device, under the GIL
+    thread_s: float = 2e-3       # DataParallel, per device and step: `replicate` rebuilds the
+                                 # module in Python, and each replica's forward is launched from
+                                 # a Python thread under the GIL (assumed, not measured)
     overlap: float = 0.5         # DDP: share of backward time that can hide the all-reduce
     optimizer_passes: float = 3  # SGD reads params and grads, writes params: 3 x bytes / mem BW
 
@@ -148,24 +150,28 @@ def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
 
 
 def allreduce_bytes(num_params: int, n: int, bytes_per_param: int = 4) -> dict[str, float]:
-    """Bytes one step moves over the busiest device's link: DDP's ring all-reduce sends
-    2(n-1)/n of the gradients per device; DataParallel's GPU 0 sends n-1 weight copies out
-    and takes n-1 gradient copies in."""
+    """Bytes one step sends over the busiest device's link, in each direction.
+
+    DDP's ring all-reduce: every rank sends (and receives) 2(n-1)/n of the gradients.
+    DataParallel: `replicate` broadcasts the weights with `comm.broadcast_coalesced`, and the
+    gradients come back through `comm.reduce_add_coalesced`; with NCCL both are pipelined
+    collectives, so GPU 0's link carries about one copy out and one copy in, whatever n is.
+    """
     size = num_params * bytes_per_param
-    return {"ddp_ring_per_device": 2 * (n - 1) / n * size, "dp_gpu0": 2 * (n - 1) * size}
+    return {"ddp_ring_per_device": 2 * (n - 1) / n * size,
+            "dp_gpu0": float(size) if n > 1 else 0.0}
 
 
 def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
-    """DataParallel's traffic, all through device 0's one link, every step:
-    broadcast the weights (pipelined: ~ bytes / bw), scatter inputs, gather outputs, and
-    reduce all n-1 gradient copies onto device 0 (bytes arrive one copy after another)."""
+    """DataParallel's traffic through device 0's link, every step, none of it overlapped with
+    compute: broadcast the weights and reduce the gradients (pipelined collectives: about one
+    copy each, plus a hop of latency per device), scatter the inputs and gather the outputs."""
     if n <= 1:
         return 0.0
     bw = link.gbs * 1e9
-    broadcast = w.grad_bytes / bw + (n - 1) * link.latency_s
+    collectives = 2 * (w.grad_bytes / bw + (n - 1) * link.latency_s)
     scatter_gather = (n - 1) * per_device * (w.input_bytes + w.output_bytes) / bw
-    reduce = (n - 1) * (w.grad_bytes / bw + link.latency_s)
-    return broadcast + scatter_gather + reduce
+    return collectives + scatter_gather
 
 
 def compute_rate(spec: DeviceSpec, w: Workload, mfu: float) -> float:
@@ -307,11 +313,11 @@ def calibrated_overheads(cal: Calibration) -> Overheads:
                      optimizer_passes=0.0)
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    """`scaling_table` rows as text: seconds per epoch and efficiency, DP and DDP."""
-    lines = [" devices  global  per device |  DP s/epoch   eff | DDP s/epoch   eff"]
-    for r in rows:
-        lines.append(f"{r['n']:8d} {r['global_batch']:7d} {r['per_device']:11.0f} | "
-                     f"{r['dp_s']:11.1f} {r['dp_eff']:5.0%} | {r['ddp_s']:11.1f} "
-                     f"{r['ddp_eff']:5.0%}")
-    return "\n".join(lines)
+SCALING_COLUMNS = ("devices", "global batch", "per device", "DP s / epoch", "DP efficiency",
+                   "DDP s / epoch", "DDP efficiency")
+
+
+def scaling_rows(rows: Sequence[dict]) -> list[tuple]:
+    """`scaling_table` rows as table rows (columns: `SCALING_COLUMNS`)."""
+    return [(r["n"], r["global_batch"], round(r["per_device"]), round(r["dp_s"], 1),
+             f"{r['dp_eff']:.0%}", round(r["ddp_s"], 1), f"{r['ddp_eff']:.0%}") for r in rows]

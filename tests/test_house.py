@@ -7,7 +7,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_lib"
 FLOORS = [
-    {"model", "devices", "data", "split", "scaling", "results", "supervise"},   # ground
+    {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
+     "style"},
     {"switches", "chapter", "profiles"},                                        # the loop's parts
     {"train"},                                                                  # the loop
     {"ddp", "hetero"},                                                          # engines

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, Calibration, LinkSpec, Overheads,
+                              allreduce_bytes,
                               calibrate, cpu_spec, leave_one_out, predict_epoch_time,
                               predict_step_time, ring_allreduce_s, scaling_efficiency,
                               scaling_table)
@@ -59,6 +60,21 @@ def test_dp_step_hand_computed_two_devices():
     scatter_gather = 128 * (3136 + 40) / 16e9
     assert t.communication == pytest.approx(g + g + scatter_gather, rel=1e-3)
     assert t.overhead == pytest.approx(2 * 1e-3 + 3 * 44.70e6 / 240e9, rel=1e-3)
+
+
+def test_dp_collectives_carry_one_copy_each_way_whatever_n():
+    """replicate() broadcasts with comm.broadcast_coalesced and the gradients come back through
+    comm.reduce_add_coalesced: pipelined, so GPU 0's link carries about one copy each way."""
+    import inspect
+    from torch.nn.parallel import replicate as rep
+    assert "broadcast_coalesced" in inspect.getsource(rep)
+    g = 44.70e6 / 16e9
+    for n in (2, 4, 16):
+        t = predict_step_time(n, 256, K80, NO_LATENCY, "dp", overheads=Overheads())
+        scatter_gather = (n - 1) * (256 / n) * (3136 + 40) / 16e9
+        assert t.communication == pytest.approx(2 * g + scatter_gather, rel=1e-3)
+        assert t.hidden == 0                               # nothing overlaps with backward
+    assert allreduce_bytes(1000, 16)["dp_gpu0"] == 4000.0  # one copy, not 15
 
 
 def test_one_device_dp_equals_ddp():
