@@ -22,14 +22,14 @@ def draw_dataparallel_step(n_devices: int = 4, ax=None):
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(11, 1.2 + 0.75 * n_devices))
+        _, ax = plt.subplots(figsize=(8.5, 1.6 + 0.8 * n_devices))
     only_dev0 = {"optimizer\nstep"}
     copies = {"scatter\ninputs", "replicate\nmodel", "gather\noutputs", "reduce\ngradients"}
     colors = {"copy": "#f4a261", "compute": "#2a9d8f", "dev0": "#e76f51"}
     for col, (phase, note) in enumerate(PHASES):
         ax.text(col + 0.5, n_devices + 0.35, phase, ha="center", va="bottom", fontsize=9,
                 weight="bold")
-        ax.text(col + 0.5, -0.25, note, ha="center", va="top", fontsize=7, color="0.3")
+        ax.text(col + 0.5, -0.25, note, ha="center", va="top", fontsize=8, color="0.3")
         for dev in range(n_devices):
             row = n_devices - 1 - dev
             if phase in only_dev0 and dev > 0:
@@ -51,6 +51,6 @@ def draw_dataparallel_step(n_devices: int = 4, ax=None):
     ax.set_xlim(-0.9, len(PHASES))
     ax.set_ylim(-1.1, n_devices + 0.9)
     ax.axis("off")
-    ax.set_title("nn.DataParallel, one training step: orange = copies through GPU 0, "
-                 "green = parallel compute, red = GPU 0 alone", fontsize=9)
+    ax.set_title("nn.DataParallel, one training step\norange: copies through GPU 0; green: "
+                 "parallel compute; red: GPU 0 alone", fontsize=10)
     return ax

@@ -1,13 +1,17 @@
 """Plots: a live training plot for notebooks, and figures for sweeps and scaling results.
 
-Plots read results (`TrainResult`, records); nothing is ever read back out of a plot.
+Plots read results (`TrainResult`, records); nothing is ever read back out of a plot. They all
+use the book's style (`style.py`): legends below the data, whole-number ticks for epochs and
+devices, titles that name the hardware and profile.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Optional, Sequence
 
 from .results import mean_std_se, summarize
 from .scaling import ring_allreduce_steps
+from .style import integer_ticks, legend_below, title as set_title
 
 
 def _in_notebook() -> bool:
@@ -37,7 +41,7 @@ class LivePlot:
         import matplotlib.pyplot as plt
         from IPython.display import display
         if self.fig is None:
-            self.fig, self.ax = plt.subplots(figsize=(4.5, 3))
+            self.fig, self.ax = plt.subplots(figsize=(5, 3.2))
             plt.close(self.fig)   # we display it ourselves; keep pyplot from showing it twice
         ax = self.ax
         ax.clear()
@@ -45,11 +49,11 @@ class LivePlot:
         ax.plot(epochs, result.test_acc, "o-", label="test acc")
         ax.plot(epochs, result.train_acc, "s--", alpha=0.6, label="train acc")
         ax.set_xlim(0.8, result.config["num_epochs"] + 0.2)
+        integer_ticks(ax.xaxis)
         ax.set_xlabel("epoch")
         ax.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-        ax.set_title(self.title or result.hardware, fontsize=8)
+        legend_below(ax)
+        set_title(ax, self.title or f"{result.hardware}, profile {result.config['profile']}")
         self.fig.tight_layout()
         if self.handle is None:
             self.handle = display(self.fig, display_id=True)
@@ -66,12 +70,11 @@ def plot_curves(results: Sequence, labels: Sequence[str], *, metric: str = "test
     for r, label in zip(results, labels):
         values = getattr(r, metric)
         ax.plot(range(1, len(values) + 1), values, "o-", label=label)
+    integer_ticks(ax.xaxis)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if title:
-        ax.set_title(title, fontsize=9)
+    legend_below(ax)
+    set_title(ax, title)
     return ax
 
 
@@ -82,8 +85,17 @@ def plot_mean_std(xs: Sequence, groups: Sequence[Sequence[float]], *, label: str
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     means, stds, _ = zip(*(mean_std_se(g) for g in groups))
-    ax.errorbar(xs, means, yerr=stds, fmt=fmt, capsize=4, label=label, color=color)
+    ax.errorbar(xs, means, yerr=_clipped(means, stds), fmt=fmt, capsize=4, label=label,
+                color=color)
+    integer_ticks(ax.xaxis)
     return ax
+
+
+def _clipped(means: Sequence[float], stds: Sequence[float], lo: float = 0.0, hi: float = 1.0):
+    """Error bars of mean +- std that stay inside [lo, hi] (an accuracy is never below 0)."""
+    stds = [0.0 if s != s else s for s in stds]            # nan (one seed): no bar
+    return [[min(s, m - lo) for m, s in zip(means, stds)],
+            [min(s, hi - m) for m, s in zip(means, stds)]]
 
 
 def plot_split_curve(counts: Sequence[int], predicted: Sequence[float],
@@ -102,10 +114,8 @@ def plot_split_curve(counts: Sequence[int], predicted: Sequence[float],
     ax.set_xlabel(f"{name}'s share of the batch (%)")
     ax.set_ylabel("ms per step")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=8)
+    legend_below(ax, ncol=1)
+    set_title(ax, title)
     return ax
 
 
@@ -129,9 +139,9 @@ def draw_split(speeds: Sequence[float], splits: dict, sync_s: float, *,
         ax.invert_yaxis()
         ax.set_title(f"{label}: {1e3 * (end + (sync_s if busy > 1 else 0)):.1f} ms per step",
                      fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("ms (bar = compute; gray hatched = sync: gradients in, weights out)")
+    axes[-1, 0].set_xlabel("ms per step: bar = compute, gray hatched = sync")
     if title:
-        fig.suptitle(title, fontsize=8)
+        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -147,14 +157,12 @@ def plot_pipelines(results: Sequence, compute_ips: float, *, title: str = "", ax
     ax.barh(y - 0.2, [r.load_ips for r in results], 0.4, label="input pipeline alone")
     ax.barh(y + 0.2, [r.train_ips for r in results], 0.4, label="training fed by it")
     ax.axvline(compute_ips, color="k", ls="--", label="training on one fixed batch")
-    ax.set_yticks(y, [r.name for r in results], fontsize=8)
+    ax.set_yticks(y, [r.name.replace(" + ", "\n+ ") for r in results], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("images per second (log scale)")
-    ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="lower right")
-    if title:
-        ax.set_title(title, fontsize=8)
+    legend_below(ax, ncol=1)
+    set_title(ax, title)
     return ax
 
 
@@ -170,9 +178,9 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
         _, ax = plt.subplots(figsize=(5.5, 3.4))
     xs = [r["x"] for r in rows]
     ok = [r for r in rows if r["n"] > r["diverged"]]
-    ax.errorbar([r["x"] for r in ok], [r["acc_mean"] for r in ok],
-                yerr=[r["acc_std"] for r in ok], fmt="o-", capsize=4, color="C0",
-                label="test acc")
+    means = [r["acc_mean"] for r in ok]
+    ax.errorbar([r["x"] for r in ok], means, yerr=_clipped(means, [r["acc_std"] for r in ok]),
+                fmt="o-", capsize=4, color="C0", label="test acc")
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel("final test accuracy", color="C0")
     twin = ax.twinx()
@@ -189,12 +197,12 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
         ax.set_xscale("log")
     ax.set_xticks(xs, [f"{v:g}" for v in xs])
     ax.minorticks_off()
-    ax.grid(alpha=0.3)
+    twin.grid(False)
+    twin.spines["right"].set_visible(True)
     lines = ax.get_legend_handles_labels()
     lines2 = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="best", fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
+    legend_below(ax, lines[0] + lines2[0], lines[1] + lines2[1], ncol=3)
+    set_title(ax, title)
     return ax, twin
 
 
@@ -215,13 +223,12 @@ def plot_learning_curves(records: Sequence, x: str, *, metric: str = "test_acc",
         mean, std = arr.mean(axis=0), arr.std(axis=0, ddof=1) if len(arr) > 1 else 0 * arr[0]
         epochs = np.arange(1, k + 1)
         ax.plot(epochs, mean, "o-", ms=3, label=f"{x.replace('_', ' ')} {value:g}")
-        ax.fill_between(epochs, mean - std, mean + std, alpha=0.2)
+        ax.fill_between(epochs, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), alpha=0.2)
+    integer_ticks(ax.xaxis)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
+    legend_below(ax, ncol=3)
+    set_title(ax, title)
     return ax
 
 
@@ -231,22 +238,26 @@ def plot_scaling(rows: Sequence[dict], *, title: str = "", axes=None):
     """Left: seconds per epoch against devices, DP and DDP. Right: scaling efficiency.
     `rows` come from `scaling.scaling_table`. Returns the two axes."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+        _, axes = plt.subplots(1, 2, figsize=(7.5, 3.4))
     ns = [r["n"] for r in rows]
     for s, style in (("dp", "s--"), ("ddp", "o-")):
         axes[0].plot(ns, [r[f"{s}_s"] for r in rows], style, label=s.upper())
         axes[1].plot(ns, [r[f"{s}_eff"] for r in rows], style, label=s.upper())
-    axes[0].set_ylabel("seconds per epoch")
+    axes[0].set_ylabel("seconds per epoch (log)")
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     axes[1].set_ylabel("scaling efficiency")
     axes[1].set_ylim(0, 1.05)
     for ax in axes:
+        ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("devices")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    legend_below(axes[1])
     if title:
-        axes[0].figure.suptitle(title, fontsize=9)
+        axes[0].figure.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=9)
+    axes[0].figure.tight_layout()
     return axes
 
 
@@ -263,9 +274,8 @@ def plot_step_breakdown(steps: dict, *, ax=None, title: str = ""):
         bottom = [b + m for b, m in zip(bottom, ms)]
     ax.set_ylabel("milliseconds per step")
     ax.tick_params(axis="x", labelsize=8)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
+    legend_below(ax, ncol=3)
+    set_title(ax, title)
     return ax
 
 
@@ -278,50 +288,62 @@ def draw_ring_allreduce(n: int = 4, *, title: str = ""):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
     steps = ring_allreduce_steps(n)
-    fig, axes = plt.subplots(1, len(steps), figsize=(1.45 * len(steps), 2.4))
+    cols = (len(steps) + 1) // 2
+    fig, axes = plt.subplots(2, cols, figsize=(1.7 * cols + 0.6, 4.6))
     previous = steps[0][1]
-    for ax, (label, counts) in zip(axes, steps):
+    for ax, (label, counts) in zip(axes.flat, steps):
         ax.imshow(counts, cmap="Blues", vmin=0, vmax=n + 1)
         for r in range(n):
             for c in range(n):
-                ax.text(c, r, counts[r][c], ha="center", va="center", fontsize=8,
+                ax.text(c, r, counts[r][c], ha="center", va="center", fontsize=10,
                         color="white" if counts[r][c] == n else "black")
                 if counts[r][c] != previous[r][c]:
                     ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=2,
                                            ec="C3"))
         previous = counts
-        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=7)
-        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
-        ax.tick_params(length=0, labelleft=ax is axes[0])
-        ax.set_title(label.replace(" ", "\n", 1), fontsize=8)
-    fig.suptitle(title or f"Ring all-reduce over {n} ranks: each step, every rank sends one "
-                 f"chunk (1/{n} of the gradients) to rank + 1; red = just received",
-                 fontsize=9)
+        ax.grid(False)
+        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=8)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8)
+        ax.tick_params(length=0, labelleft=ax in axes[:, 0])
+        ax.set_title(label.replace(" ", "\n", 1), fontsize=9)
+    for ax in axes.flat[len(steps):]:
+        ax.axis("off")
+    fig.suptitle(title or f"Ring all-reduce over {n} ranks (red: just received)", fontsize=10)
     fig.tight_layout()
     return fig
 
 
+def plot_seed_curves(records: Sequence, batch_size: int, lr: float, *, title: str = "",
+                     ax=None):
+    """Test accuracy per epoch of every seed stored for one (batch size, lr) point."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.2))
+    chosen = [r for r in records if r.status == "ok" and not r.options
+              and r.config["batch_size"] == batch_size and r.config["lr"] == lr]
+    if not chosen:
+        ax.text(0.5, 0.5, f"no stored run with batch {batch_size} and lr {lr:g}",
+                ha="center", va="center", transform=ax.transAxes)
+    for r in sorted(chosen, key=lambda r: r.seed):
+        acc = r.metrics["test_acc"]
+        ax.plot(range(1, len(acc) + 1), acc, "o-", ms=3, label=f"seed {r.seed}")
+    integer_ticks(ax.xaxis)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    legend_below(ax, ncol=4)
+    set_title(ax, f"batch {batch_size}, lr {lr:g}; {title}")
+    return ax
+
+
 def sweep_explorer(records: Sequence, *, title: str = ""):
-    """An ipywidgets explorer: pick a batch size and an lr among `records` (plain runs that
-    finished) and see that point's test-accuracy curve for each seed."""
+    """An ipywidgets explorer over `plot_seed_curves`: pick a batch size and an lr among the
+    plain runs in `records` that finished."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     runs = [r for r in records if r.status == "ok" and not r.options]
 
     def show(batch_size, lr):
-        chosen = [r for r in runs if r.config["batch_size"] == batch_size and r.config["lr"] == lr]
-        _, ax = plt.subplots(figsize=(5.5, 3.4))
-        if not chosen:
-            ax.text(0.5, 0.5, f"no stored run with batch {batch_size} and lr {lr:g}",
-                    ha="center", va="center", transform=ax.transAxes)
-        for r in sorted(chosen, key=lambda r: r.seed):
-            acc = r.metrics["test_acc"]
-            ax.plot(range(1, len(acc) + 1), acc, "o-", ms=3, label=f"seed {r.seed}")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("test acc")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title(f"batch {batch_size}, lr {lr:g}. {title}", fontsize=8)
+        plot_seed_curves(runs, batch_size, lr, title=title)
         plt.show()
 
     return widgets.interactive(show, batch_size=sorted({r.config["batch_size"] for r in runs}),
@@ -344,13 +366,13 @@ def plot_throughput(labels: Sequence[str], images_per_second: Sequence[float],
     ax.invert_yaxis()
     if peak_tflops:
         ax.axvline(peak_tflops, color="tab:red", ls="--", label=f"peak {peak_tflops:g} TFLOP/s")
-        ax.legend(fontsize=8)
+        legend_below(ax, ncol=1)
     for i, t in enumerate(tflops):
         share = f" ({100 * t / peak_tflops:.1f}% of peak)" if peak_tflops else ""
         ax.text(t, i, f" {t:.3g}{share}", va="center", fontsize=8)
     ax.set_xlabel("achieved TFLOP/s (training)")
     ax.set_xlim(0, max(tflops + [peak_tflops or 0]) * 1.35)
-    ax.set_title(title, fontsize=9)
+    set_title(ax, title)
     ax.figure.tight_layout()
     return ax.figure
 
@@ -360,22 +382,37 @@ def plot_accuracy_pairs(records: Sequence, *, title: str = "", ax=None):
     a line, with each loop's mean dashed. `records` are `accuracy.pairs` dicts."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
+        _, ax = plt.subplots(figsize=(6, 3.2))
     records = sorted(records, key=lambda r: r.get("seed", 0))
     seeds = [r.get("seed", i) for i, r in enumerate(records)]
     ref = [r["reference"]["test_acc"][-1] for r in records]
     fast = [r["fast"]["test_acc"][-1] for r in records]
     for s, a, b in zip(seeds, ref, fast):
-        ax.plot([s - 0.12, s + 0.12], [a, b], color="0.6", lw=1)
-    for xs, ys, name, color in ((-0.12, ref, "reference", "tab:gray"),
-                                (0.12, fast, "fast", "tab:blue")):
-        ax.plot([s + xs for s in seeds], ys, "o", color=color, label=name)
+        ax.plot([s - 0.15, s + 0.15], [a, b], color="0.6", lw=1)
+    for xs, ys, name, color in ((-0.15, ref, "the chapter's loop", "tab:gray"),
+                                (0.15, fast, "fast loop", "tab:blue")):
+        ax.plot([s + xs for s in seeds], ys, "o", ms=4, color=color, label=name)
         ax.axhline(sum(ys) / len(ys), color=color, ls="--", lw=1)
-    ax.set_xticks(seeds)
+    integer_ticks(ax.xaxis)
     ax.set_xlabel("seed (same initial weights and image order for both loops)")
     ax.set_ylabel("final test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.figure.tight_layout()
+    legend_below(ax)
+    set_title(ax, title)
     return ax.figure
+
+
+def plot_accuracy_study(summary: Sequence[dict], *, title: str = ""):
+    """One `plot_accuracy_pairs` panel per fast variant of `accuracy.summarize_accuracy`,
+    stacked so each keeps the column's full width. Returns the figure."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(summary), 1, figsize=(6.5, 2.9 * len(summary)), sharex=True,
+                             sharey=True, squeeze=False)
+    for ax, s in zip(axes[:, 0], summary):
+        plot_accuracy_pairs(s["records"], ax=ax, title=f"{s['fast']}: {s['seeds']} seeds")
+        if ax is not axes[-1, 0]:
+            ax.set_xlabel("")
+            ax.get_legend().remove()
+    if title:
+        fig.suptitle("\n".join(textwrap.wrap(title, 80)), fontsize=9)
+    fig.tight_layout()
+    return fig
