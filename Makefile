@@ -27,3 +27,10 @@ test: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# make gpu-check: measure this machine's GPU in stages under a time budget (tools/gpu_check.py):
+# facts, the CUDA tests, a full run, bench, calibration, both exercises; one JSON line a stage.
+# Options go in GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--budget-s 900" (a T4 needs it).
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(BIN)/python tools/gpu_check.py $(GPU_CHECK_ARGS)

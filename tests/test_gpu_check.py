@@ -1,0 +1,100 @@
+"""tools/gpu_check.py on this machine: every stage reports, every record is well-formed, a failed
+stage does not stop the next ones, and the plan fits its budget. On a CPU the CUDA stages are
+recorded as skipped; under smoke a tiny CPU calibration runs, so something real is measured.
+The GPU is hidden from the script (CUDA_VISIBLE_DEVICES=""), so it behaves the same everywhere;
+on a GPU, run the script itself (see its docstring)."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "tools" / "gpu_check.py"
+STAGES = ("facts", "cuda_tests", "full_run", "bench", "calibration", "exercise2", "exercise1")
+KEYS = {"stage", "status", "seconds", "device", "hardware", "torch", "profile", "figures"}
+STAGE_LINE = re.compile(r"^\[(\d)/7\] (\w+): (ok|failed|skipped) in [\d.]+ s")
+# What the GPU machine lacks: importing the script must not need any of them.
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torchvision", "ipywidgets", "IPython", "matplotlib"):
+            raise ImportError(f"{name} is blocked for this test")
+sys.meta_path.insert(0, Block())
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+import runpy
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run(*args: str, block: bool = False) -> subprocess.CompletedProcess:
+    cmd = [sys.executable] + (["-c", BLOCK] if block else []) + [str(SCRIPT), *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=REPO, env=env)
+
+
+def stage_lines(stdout: str) -> list:
+    return [m.groups() for m in map(STAGE_LINE.match, stdout.splitlines()) if m]
+
+
+def check_records(path: Path) -> dict:
+    """Every record well-formed; returns them by stage."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["stage"] for r in records] == list(STAGES)
+    for r in records:
+        assert KEYS <= set(r), r["stage"]
+        assert r["status"] in ("ok", "failed", "skipped") and r["seconds"] >= 0
+        assert r["profile"] == "smoke" and r["torch"] == torch.__version__
+        if r["status"] == "skipped":
+            assert r["reason"]
+        if r["stage"] not in ("facts", "calibration"):
+            assert (r["status"], r["reason"]) == ("skipped", "no CUDA device")
+    return {r["stage"]: r for r in records}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "gpu.jsonl"
+    return run("--profile", "smoke", "--out", str(out)), out
+
+
+def test_smoke_run_reports_every_stage(smoke):
+    proc, out = smoke
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = stage_lines(proc.stdout)
+    assert [(i, name) for i, name, _ in lines] == [(str(k), s) for k, s in enumerate(STAGES, 1)]
+    records = check_records(out)
+    facts = records["facts"]
+    assert facts["status"] == "ok" and facts["figures"]["precision_auto"] in ("bf16", "fp32")
+    cal = records["calibration"]
+    assert cal["status"] == "ok"
+    assert cal["figures"]["images_per_second"] > 0 and len(cal["figures"]["rows"]) >= 2
+
+
+def test_a_failed_stage_is_recorded_and_the_next_ones_still_run(tmp_path):
+    out = tmp_path / "gpu.jsonl"
+    proc = run("--profile", "smoke", "--out", str(out), "--fail-stage", "facts")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(stage_lines(proc.stdout)) == len(STAGES)
+    records = check_records(out)
+    facts = records["facts"]
+    assert facts["status"] == "failed"
+    assert "planted failure" in facts["error"] and "\n" not in facts["error"]
+    assert records["calibration"]["status"] == "ok"         # a later stage still ran
+
+
+def test_dry_run_plans_within_the_budget_and_needs_no_optional_package(tmp_path):
+    out = tmp_path / "never.jsonl"
+    for args in (["--profile", "smoke"], ["--profile", "full", "--spec", "H200 SXM"]):
+        proc = run("--dry-run", "--budget-s", "270", "--out", str(out), *args, block=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        total = float(re.search(r"predicted total: ([\d.]+) s of 270 s", proc.stdout).group(1))
+        assert 0 < total <= 270
+        assert len(re.findall(r"^plan \[\d/7\]", proc.stdout, re.M)) == len(STAGES)
+    assert "full_run: " in proc.stdout and "no CUDA" not in proc.stdout   # the H200 plan
+    assert not out.exists()
