@@ -1,0 +1,229 @@
+"""Check the built book as a reader gets it: every page of the table of contents, in the HTML.
+
+    make book && .venv/bin/python tools/check_book.py [_build/html]
+
+Prints one line per problem, ``PAGE:LINE: what: 'offending text'`` (LINE is the line in the
+HTML file), and exits 1 if there are any, 0 if none, 2 if the build folder is missing.
+
+One function per rule, each ``(soup, page, build_root) -> list[str]``:
+
+- ``harness_text``: no test-harness marker (``NBVAL``) anywhere in the page's content;
+- ``wide_output_lines``: no cell-output line wider than MAX_COLUMNS characters;
+- ``wide_code_lines``: no code line wider than MAX_COLUMNS, in code cells and in Markdown
+  code blocks alike (the reader scrolls sideways in both);
+- ``missing_images``: every ``<img>`` src is a file in the build, or a data: URI;
+- ``widget_reprs``: no widget text repr (``interactive(children=...``) in a cell output;
+- ``launch_button``: every notebook page has a Colab or Binder link that opens that notebook;
+- ``broken_links``: every internal href names a file in the build and its #fragment an id there;
+- ``unnumbered_figures``: every ``<figure>`` / ``div.figure`` has a caption numbered "Fig. N".
+  Plot images that a cell outputs without a figure directive are not figures; only their
+  files are checked (by ``missing_images``).
+
+Pages are those of the table of contents: the ones Sphinx copied a source for into
+``_sources/`` (so not genindex, search, or the index.html redirect).
+"""
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import unquote, urlsplit
+
+from bs4 import BeautifulSoup, Comment, Tag
+
+MAX_COLUMNS = 88
+SHOWN = 60  # characters of offending text quoted in a problem
+HARNESS = re.compile(r"NBVAL")
+WIDGET_REPR = re.compile(r"\b\w+\(children=\(|_dom_classes=\(")
+LAUNCH_HOSTS = ("https://colab.research.google.com/", "https://mybinder.org/")
+FIG_NUMBER = re.compile(r"^\s*(Fig(ure)?\.?)\s*\d")
+OUTPUTS = "div.cell_output, .output"
+
+Rule = Callable[[BeautifulSoup, str, Path], "list[str]"]
+
+
+def _quote(text: str) -> str:
+    """The offending text, stripped and truncated for a one-line message."""
+    text = text.strip()
+    return repr(text if len(text) <= SHOWN else text[:SHOWN] + "...")
+
+
+def _content(soup: BeautifulSoup) -> Tag:
+    """The page's article (what the reader reads), without the theme's navigation."""
+    return soup.select_one("article.bd-article") or soup
+
+
+def _pre_lines(pre: Tag) -> Iterator[tuple[int, str]]:
+    """(HTML line number, text) for each line of a <pre> block."""
+    start = pre.sourceline or 0
+    for i, line in enumerate(pre.get_text().splitlines()):
+        yield start + i, line.expandtabs().rstrip()
+
+
+def _outputs(soup: BeautifulSoup) -> list[Tag]:
+    """The outermost cell-output elements of the page."""
+    found = _content(soup).select(OUTPUTS)
+    ids = {id(t) for t in found}
+    return [t for t in found if not any(id(p) in ids for p in t.parents)]
+
+
+def _text_lines(scope: Tag) -> Iterator[tuple[int, str]]:
+    """(HTML line, text) for every line a reader sees in scope: <pre> lines, then other text."""
+    for pre in scope.find_all("pre"):
+        yield from _pre_lines(pre)
+    for s in scope.find_all(string=True):
+        if not isinstance(s, Comment) and s.strip() and s.find_parent("pre") is None:
+            if s.parent.name not in ("script", "style"):
+                yield s.parent.sourceline or 0, str(s)
+
+
+def harness_text(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Test-harness markers (``# NBVAL_IGNORE_OUTPUT``) that reach the reader."""
+    return [f"{page}:{n}: harness text: {_quote(line)}"
+            for n, line in _text_lines(_content(soup)) if HARNESS.search(line)]
+
+
+def wide_output_lines(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Cell-output lines (stream, text/plain, stderr) wider than the column."""
+    return [f"{page}:{n}: output line {len(line)} chars: {_quote(line)}"
+            for out in _outputs(soup) for pre in out.find_all("pre")
+            for n, line in _pre_lines(pre) if len(line) > MAX_COLUMNS]
+
+
+def wide_code_lines(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Code lines wider than the column: code-cell sources and Markdown code blocks."""
+    problems = []
+    outputs = {id(t) for t in _outputs(soup)}
+    for pre in _content(soup).find_all("pre"):
+        if any(id(p) in outputs for p in pre.parents):
+            continue
+        kind = "code-cell line" if pre.find_parent(class_="cell_input") else "code-block line"
+        problems += [f"{page}:{n}: {kind} {len(line)} chars: {_quote(line)}"
+                     for n, line in _pre_lines(pre) if len(line) > MAX_COLUMNS]
+    return problems
+
+
+def _resolve(page: str, path: str) -> str | None:
+    """The build-relative path that a relative URL path on page names; None if outside."""
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(page), unquote(path)))
+    if path.endswith("/"):
+        target = posixpath.join(target, "index.html")
+    return None if target.startswith("..") else target
+
+
+def missing_images(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """<img> elements whose src is neither a data: URI, a remote URL, nor a file in the build."""
+    problems = []
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if src.startswith("data:") or urlsplit(src).scheme or src.startswith("//"):
+            continue
+        target = _resolve(page, urlsplit(src).path) if src else None
+        if target is None or not (build_root / target).is_file():
+            problems.append(f"{page}:{img.sourceline}: missing image: {_quote(src or str(img))}")
+    return problems
+
+
+def widget_reprs(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Widget text reprs in cell outputs: a widget whose live view could not be shown."""
+    return [f"{page}:{n}: widget repr: {_quote(line)}"
+            for out in _outputs(soup) for n, line in _text_lines(out) if WIDGET_REPR.search(line)]
+
+
+def launch_button(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """A notebook page without a Colab/Binder launch link that names its own .ipynb."""
+    notebook = posixpath.splitext(page)[0] + ".ipynb"
+    if not (build_root / "_sources" / notebook).is_file():
+        return []  # a Markdown page: nothing to launch
+    links = [a["href"] for a in soup.find_all("a", href=True) if a["href"].startswith(LAUNCH_HOSTS)]
+    if any(notebook in href for href in links):
+        return []
+    seen = f"; launch links: {_quote(' '.join(links))}" if links else ""
+    return [f"{page}:1: no launch button (Colab/Binder) for {notebook}{seen}"]
+
+
+@functools.lru_cache(maxsize=None)
+def _ids(html_file: Path) -> frozenset[str]:
+    """Every id (and <a name>) in an HTML file."""
+    soup = BeautifulSoup(html_file.read_text(encoding="utf-8"), "html.parser")
+    return frozenset([t["id"] for t in soup.find_all(id=True)]
+                     + [t["name"] for t in soup.find_all("a", attrs={"name": True})])
+
+
+def broken_links(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Internal links to a file that is not in the build, or to an id the target lacks."""
+    problems = []
+    for a in soup.find_all("a", href=True):
+        url = urlsplit(a["href"])
+        if url.scheme or url.netloc or a["href"] in ("", "#"):
+            continue
+        target = _resolve(page, url.path) if url.path else page
+        where = f"{page}:{a.sourceline}: broken link {_quote(a['href'])}"
+        if target is None or not (build_root / target).is_file():
+            problems.append(f"{where}: no file {target}")
+        elif url.fragment and target.endswith(".html") \
+                and unquote(url.fragment) not in _ids((build_root / target).resolve()):
+            problems.append(f"{where}: no id #{url.fragment} in {target}")
+    return problems
+
+
+def unnumbered_figures(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Figures (figure directive) without a numbered caption ("Fig. N")."""
+    problems = []
+    for fig in _content(soup).select("figure, div.figure"):
+        caption = fig.select_one("figcaption, p.caption")
+        number = caption.select_one("span.caption-number") if caption else None
+        if number is None or not FIG_NUMBER.match(number.get_text()):
+            img = fig.find("img")
+            what = caption.get_text() if caption else (img.get("src", "") if img else str(fig))
+            state = "an unnumbered caption" if caption else "no caption"
+            problems.append(f"{page}:{fig.sourceline}: figure with {state}: {_quote(what)}")
+    return problems
+
+
+RULES: list[Rule] = [harness_text, wide_output_lines, wide_code_lines, missing_images,
+                     widget_reprs, launch_button, broken_links, unnumbered_figures]
+
+
+def check_page(path: Path, build_root: Path) -> list[str]:
+    """Every rule's problems on one HTML page of the build."""
+    page = path.relative_to(build_root).as_posix()
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return [problem for rule in RULES for problem in rule(soup, page, build_root)]
+
+
+def toc_pages(build_root: Path) -> list[Path]:
+    """The built pages of the book's own sources (not genindex, search, or redirects)."""
+    sources = build_root / "_sources"
+    names = [src.relative_to(sources).as_posix().removesuffix(".txt") for src in sources.rglob("*")]
+    return sorted(build_root / Path(name).with_suffix(".html")
+                  for name in names if name.endswith((".ipynb", ".md", ".rst")))
+
+
+def check_build(build_root: Path) -> list[str]:
+    """Every rule's problems on every page of the table of contents."""
+    build_root = Path(build_root)
+    pages = toc_pages(build_root)
+    if not pages:
+        return [f"{build_root}: no pages (no _sources/ in the build)"]
+    problems = [f"{p.relative_to(build_root).as_posix()}: page missing from the build"
+                for p in pages if not p.is_file()]
+    return problems + [x for p in pages if p.is_file() for x in check_page(p, build_root)]
+
+
+def main(argv: list[str]) -> int:
+    """Print the problems of the build named on the command line (default _build/html)."""
+    root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parent.parent / "_build/html")
+    if not root.is_dir():
+        print(f"check_book: no build at {root}; run `make book` first")
+        return 2
+    problems = check_build(root)
+    print("\n".join(problems) if problems else f"check_book: {root}: no problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
