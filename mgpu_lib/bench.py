@@ -140,6 +140,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
             "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
             "warmup_steps": warmup_steps, "num_workers": chapter_workers(num_workers),
             "train_flops_per_image": train_flops, "cpu_bf16": cpu_bf16_support(),
+            "chapter_loop": CHAPTER_LOOP,
             "torch": torch.__version__, "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -163,16 +164,18 @@ def format_bench(result: dict) -> list:
     return lines
 
 
-BENCH_COLUMNS = ("width", "batch", "fast loop", "chapter's loop, images/s", "fast, images/s",
-                 "fast / chapter's")
+BENCH_COLUMNS = ("width", "fast loop", "chapter's loop, images/s", "fast, images/s",
+                 "fast / chapter's", "CPU bf16", "chapter's loop")
+CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
 
 
 def bench_row(result: dict) -> tuple:
     """One `bench` result as a table row (columns: `BENCH_COLUMNS`)."""
     fast, ref = result["modes"]["fast"], result["modes"]["reference"]
     describe = fast["describe"].replace("device data, ", "")
-    return (result["width"], result["batch_size"], describe, round(ref["median"], 1),
-            round(fast["median"], 1), f"{result['ratio']:.2f}x")
+    return (result["width"], describe, round(ref["median"], 1), round(fast["median"], 1),
+            f"{result['ratio']:.2f}x", result["cpu_bf16"] if result["device"] == "cpu" else "",
+            result["chapter_loop"])
 
 
 def ablation_modes(fast: Switches, device) -> dict:

@@ -17,22 +17,11 @@ from torch import nn
 
 from mgpu_lib import ddp, scaling, supervise
 from mgpu_lib.__main__ import main
-from mgpu_lib.profiles import get_profile
 from mgpu_lib.train import TrainConfig, TrainResult, make_model, make_step
 
+from ddp_helpers import rank_pid, source, tiny
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def source() -> str:
-    """The local copy where there is one (fast, real); synthetic data elsewhere (no network)."""
-    local = os.environ.get("MGPU_FASHION_MNIST_DIR")
-    return "local" if local and Path(local).is_dir() else "synthetic"
-
-
-def tiny(**kw) -> TrainConfig:
-    base = dict(width=4, num_epochs=1, train_limit=400, test_limit=100, data_source=source())
-    base.update(kw)
-    return TrainConfig.from_profile(get_profile("smoke"), **base)
 
 
 # ---- pure functions ---------------------------------------------------------------------------
@@ -141,19 +130,6 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert result.steps_per_epoch == 12      # 200 images per rank, 12 full batches of 16
 
 
-def _rank_pid(rank: int) -> int:
-    """The pid of a DDP worker below this test process whose RANK is `rank`, or 0."""
-    for pid in supervise._descendants(os.getpid()):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and b"worker" in cmdline:
-            return pid
-    return 0
-
-
 def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     config = tiny(num_epochs=3, train_limit=2400)
     ckpt, failure = tmp_path / "ckpt", {}
@@ -171,7 +147,7 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     job.start()
     assert saved_one.wait(120) and (ckpt / ddp.CKPT_NAME).exists(), \
         f"no checkpoint after the first epoch: {failure}"
-    victim = _rank_pid(1)
+    victim = rank_pid(1)
     assert victim, "rank 1 not found"
     os.kill(victim, signal.SIGKILL)                      # mid-epoch 2 (epoch 1 is saved)
     killed = time.monotonic()
@@ -179,7 +155,7 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert not job.is_alive() and "error" in failure, "the job outlived its dead rank"
     assert failure["at"] - killed < 60
     assert "rank 1" in failure["error"] and "SIGKILL" in failure["error"], failure["error"]
-    assert _rank_pid(0) == 0 and _rank_pid(1) == 0       # nothing left behind
+    assert rank_pid(0) == 0 and rank_pid(1) == 0       # nothing left behind
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
 

@@ -37,3 +37,11 @@ def test_bad_device_counts(bad):
 def test_describe_cpu():
     text = describe_devices([torch.device("cpu")])
     assert text.startswith("CPU: ") and "threads" in text
+
+
+def test_cpu_isa_names_the_widest_vector_instructions():
+    assert devices.cpu_isa({"avx2", "fma"}) == "AVX2"
+    assert devices.cpu_isa({"avx2", "avx512f"}) == "AVX-512"
+    assert devices.cpu_isa({"avx512f", "avx512_bf16"}) == "AVX-512 BF16"
+    assert devices.cpu_isa({"avx512_bf16", "amx_bf16"}) == "AMX"
+    assert devices.cpu_isa(set()) == ""

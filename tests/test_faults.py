@@ -12,20 +12,9 @@ import torch
 
 from mgpu_lib import ddp, supervise, sweep
 from mgpu_lib.__main__ import main
-from mgpu_lib.profiles import get_profile
 from mgpu_lib.train import TrainConfig, TrainResult, make_model
 
-
-def source() -> str:
-    """The local copy where there is one (fast, real); synthetic data elsewhere (no network)."""
-    local = os.environ.get("MGPU_FASHION_MNIST_DIR")
-    return "local" if local and Path(local).is_dir() else "synthetic"
-
-
-def tiny(**kw) -> TrainConfig:
-    base = dict(width=4, num_epochs=1, train_limit=400, test_limit=100, data_source=source())
-    base.update(kw)
-    return TrainConfig.from_profile(get_profile("smoke"), **base)
+from ddp_helpers import rank_pid, source, tiny
 
 
 # The CLI flags that make `tiny()` (its checkpoint keys match, so --resume finds its checkpoint).
@@ -136,19 +125,6 @@ def test_a_worker_exception_far_from_the_end_is_the_failure_line():
 
 # ---- 3. a hung rank ---------------------------------------------------------------------------
 
-def _rank_pid(rank: int) -> int:
-    """The pid of a DDP worker below this test process whose RANK is `rank`, or 0."""
-    for pid in supervise._descendants(os.getpid()):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and b"worker" in cmdline:
-            return pid
-    return 0
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
@@ -173,7 +149,7 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout():
     thread.start()
     try:
         assert started.wait(120) and "at" not in failure, f"no first epoch: {failure}"
-        victim = _rank_pid(1)
+        victim = rank_pid(1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGSTOP)
         stopped = time.monotonic()
@@ -184,7 +160,7 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout():
         # rank 0 waited in a collective and timed out; rank 1 was then killed
         assert "rank 0 failed" in failure["error"], failure["error"]
         assert "a collective timed out" in failure["error"], failure["error"]
-        assert not _alive(victim) and _rank_pid(0) == 0 and _rank_pid(1) == 0
+        assert not _alive(victim) and rank_pid(0) == 0 and rank_pid(1) == 0
     finally:                            # never leave a stopped worker behind
         try:
             if victim and _alive(victim) and \
