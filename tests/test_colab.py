@@ -1,0 +1,78 @@
+"""Colab, simulated: every notebook alone in an empty folder, `mgpu_lib` installed as a package.
+
+In Colab a notebook arrives without the repository around it and `pip` installs `mgpu_lib`
+(non-editable) from the repository URL. Here the package is installed non-editable into a temporary
+folder, each notebook is copied alone into an empty directory, and it runs under the smoke profile
+with that folder first on the path, so the repository itself is not what gets imported. A page
+fails if it reads outside its folder (`../results`, say) or says a recorded table is missing.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+MISSING = "was not found"          # what a page prints when a recorded file is missing
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """mgpu_lib installed non-editable into a folder of its own, as pip does in Colab."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(ROOT)], check=True,
+                   capture_output=True, timeout=300)
+    assert (target / "mgpu_lib" / "results" / "ex1_cpu.jsonl").is_file(), "records not shipped"
+    return target
+
+
+def run_alone(notebook: Path, site: Path, folder: Path, profile: str = "smoke") -> list[str]:
+    """Execute `notebook` alone in the empty `folder` with `site` first on the path; the
+    problems found (an error, an import from elsewhere, a missing record)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(shutil.copy(notebook, folder), as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(
+        "import mgpu_lib, pathlib\n"
+        f"assert pathlib.Path(mgpu_lib.__file__).is_relative_to({str(site)!r}), "
+        "mgpu_lib.__file__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(site), MGPU_PROFILE=profile)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}})
+    try:
+        client.execute(env=env)
+    except CellExecutionError as e:
+        return [f"{notebook.name}: {str(e).strip().splitlines()[-1]}"]
+    text = "\n".join(str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    return [f"{notebook.name}: a recorded file is missing"] if MISSING in text else []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_notebook_runs_alone_from_the_installed_package(notebook, installed, tmp_path):
+    assert run_alone(notebook, installed, tmp_path / "content") == []
+
+
+def test_the_simulation_catches_a_page_that_reads_the_repository(installed, tmp_path):
+    """Test the test: a page that reads ../results fails, as it would in Colab."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import json\nrecords = json.load(open('../results/ex1_cpu.json'))")])
+    planted = tmp_path / "planted.ipynb"
+    nbformat.write(nb, planted)
+    problems = run_alone(planted, installed, tmp_path / "content")
+    assert problems and "FileNotFoundError" in problems[0], problems
+
+
+def test_the_simulation_catches_a_missing_record(installed, tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "print('The recorded benchmarks (bench_cpu.jsonl) were not found.')")])
+    planted = tmp_path / "planted.ipynb"
+    nbformat.write(nb, planted)
+    assert run_alone(planted, installed, tmp_path / "content") == \
+        ["planted.ipynb: a recorded file is missing"]
