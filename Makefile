@@ -1,5 +1,6 @@
 # make book: build the Jupyter Book from the stored notebook outputs (no execution).
-# make test: unit tests, then every notebook under nbval with the smoke profile.
+# make test: unit tests (the Colab simulation and the built book's HTML check among them), then
+# every notebook under nbval with the smoke profile.
 # Each sets up .venv from pyproject.toml first; a second run reuses it.
 
 PYTHON ?= python3
@@ -22,7 +23,7 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W --keep-going
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	MGPU_CHECK_BOOK=1 $(BIN)/python -m pytest tests
 	MGPU_PROFILE=smoke $(BIN)/python -m pytest --nbval chapters exercises
 
 clean:

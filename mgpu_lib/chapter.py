@@ -169,8 +169,8 @@ def load_data_fashion_mnist(batch_size: int, *, source: str = "auto",
 
 
 def chapter_step(net: nn.Module, trainer, loss, device):
-    """The body of the chapter's training loop, as `step(X, y)`. It reads nothing back to the
-    host: the chapter's loop only draws test accuracy, once per epoch."""
+    """The body of the chapter's training loop, as `step(X, y)`. It reads nothing back
+    to the host: the chapter's loop only draws test accuracy, once per epoch."""
     def step(X, y):
         trainer.zero_grad()
         X, y = X.to(device), y.to(device)
@@ -196,9 +196,9 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
 
 def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
           num_epochs: int = 10) -> dict:
-    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, line by line, with the data and the
-    devices passed in. Returns the test accuracy and seconds of every epoch (timed like
-    `d2l.Timer`: no synchronize)."""
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, line by line, with the data
+    and the devices passed in. Returns the test accuracy and seconds of every epoch
+    (timed like `d2l.Timer`: no synchronize)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 

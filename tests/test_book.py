@@ -155,8 +155,8 @@ def test_missing_build_exits_2(tmp_path: Path, capsys):
 
 
 @pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
-                    reason="set MGPU_CHECK_BOOK=1 to build the book and check every page as read; "
-                           "the current pages still fail it (long lines, NBVAL comments)")
+                    reason="set MGPU_CHECK_BOOK=1 (make test does) to build the book and "
+                           "check every page as read")
 def test_built_book():
     jb = Path(sys.executable).parent / "jupyter-book"
     run = subprocess.run([str(jb), "build", str(ROOT), "-W", "--keep-going"],
