@@ -21,7 +21,7 @@ from .chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, cha
 from .data import DeviceLoader, synthetic_fashion_mnist
 from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
 from .model import TRAIN_FLOPS_FACTOR, forward_flops, resnet18
-from .scaling import DEVICES
+from .scaling import spec_for_name
 from .switches import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from .train import TrainConfig, cudnn_benchmark, make_model, make_step
 
@@ -31,12 +31,22 @@ def peak_tflops(device, bf16: bool) -> Optional[float]:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, spec in DEVICES.items():
-        if key.split()[0] in name:
-            use_tensor = bf16 and spec.tensor_dtype == "bf16"
-            return spec.tensor_tflops if use_tensor else spec.fp32_tflops
-    return None
+    spec = spec_for_name(torch.cuda.get_device_name(device))
+    if spec is None:
+        return None
+    return spec.tensor_tflops if bf16 and spec.tensor_dtype == "bf16" else spec.fp32_tflops
+
+
+def add_tflops(modes: dict, width: int, device) -> float:
+    """Add achieved TFLOP/s and the share of the device's peak to each of `measure`'s modes;
+    returns the training FLOPs per image they are based on."""
+    train_flops = TRAIN_FLOPS_FACTOR * forward_flops(resnet18(width=width))
+    for m in modes.values():
+        m["tflops"] = m["median"] * train_flops / 1e12
+        m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
+        m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
+                                if m["peak_tflops"] else None)
+    return train_flops
 
 
 class _Mode:
@@ -130,12 +140,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
                     steps=steps, repeats=repeats, warmup_steps=warmup_steps, device=device,
                     num_workers=num_workers)
-    train_flops = TRAIN_FLOPS_FACTOR * forward_flops(resnet18(width=width))
-    for m in modes.values():
-        m["tflops"] = m["median"] * train_flops / 1e12
-        m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
-        m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
-                                if m["peak_tflops"] else None)
+    train_flops = add_tflops(modes, width, device)
     return {"kind": "bench", "device": str(device), "hardware": describe_devices([device]),
             "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
             "warmup_steps": warmup_steps, "num_workers": chapter_workers(num_workers),

@@ -70,6 +70,12 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
 ]}
 
 
+
+def spec_for_name(name: str) -> Optional[DeviceSpec]:
+    """The datasheet whose model (the key's first word, e.g. "H200") is in a device name such
+    as torch.cuda.get_device_name() gives; None for a device this book has no figures for."""
+    return next((spec for key, spec in DEVICES.items() if key.split()[0] in name), None)
+
 # Not a datasheet figure: gloo between processes on one machine goes through loopback TCP and
 # shared memory. An assumption for the CPU check, where the model is tiny and this hardly matters.
 GLOO_LOOPBACK = LinkSpec("gloo over loopback (assumed)", 2.0, 50e-6,

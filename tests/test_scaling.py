@@ -4,7 +4,7 @@ import math
 import pytest
 
 from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, Calibration, LinkSpec, Overheads,
-                              allreduce_bytes,
+                              allreduce_bytes, spec_for_name,
                               calibrate, cpu_spec, leave_one_out, predict_epoch_time,
                               predict_step_time, ring_allreduce_s, scaling_efficiency,
                               scaling_table)
@@ -179,3 +179,9 @@ def test_gradient_accumulation_communicates_once_per_k_micro_steps():
     assert four.communication / (4 * 256) == pytest.approx(one.communication / 256 / 4)
     with pytest.raises(ValueError):
         predict_step_time(2, 256, K80, PCIE3, "dp", accumulate=2)
+
+
+def test_spec_for_name_matches_the_model_in_a_device_name():
+    assert spec_for_name("NVIDIA H200") is DEVICES["H200 SXM"]
+    assert spec_for_name("Tesla T4") is DEVICES["T4"]
+    assert spec_for_name("NVIDIA GeForce RTX 4090") is None

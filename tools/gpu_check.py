@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 import torch                                              # noqa: E402
 from torch import nn                                      # noqa: E402
 
-from mgpu_lib.bench import bench, measure, peak_tflops    # noqa: E402
+from mgpu_lib.bench import add_tflops, bench, measure, peak_tflops    # noqa: E402
 from mgpu_lib.devices import cpu_name, describe_devices, timed   # noqa: E402
 from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync,   # noqa: E402
                              measure_throughput, time_split)
@@ -55,7 +55,7 @@ from mgpu_lib.model import TRAIN_FLOPS_FACTOR, forward_flops, num_params, resnet
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile    # noqa: E402
 from mgpu_lib.results import RECORDED, ResultsError, append, check_writable     # noqa: E402
 from mgpu_lib.scaling import (DEVICES, LINKS, Calibration, DeviceSpec, Workload,  # noqa: E402
-                              calibrate, leave_one_out, predict_step_time)
+                              calibrate, leave_one_out, predict_step_time, spec_for_name)
 from mgpu_lib.split import best_split, predict_hetero_step, shard_grid         # noqa: E402
 from mgpu_lib.switches import EVAL_BATCH, resolve_switches                     # noqa: E402
 from mgpu_lib import results                                                   # noqa: E402
@@ -176,11 +176,8 @@ def spec_for(device: torch.device, override: Optional[str]) -> tuple[DeviceSpec,
     if override:
         return DEVICES[override], True
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, spec in DEVICES.items():
-            if key.split()[0] in name:
-                return spec, True
-        return DEVICES["T4"], False
+        spec = spec_for_name(torch.cuda.get_device_name(device))
+        return (spec, True) if spec is not None else (DEVICES["T4"], False)
     cores = os.cpu_count() or 1
     mfu = 0.4                                           # scaling.Overheads' default
     return DeviceSpec("CPU", cores * CPU_ACHIEVED_TFLOPS / mfu, None, None, 20.0, 0.0,
@@ -402,15 +399,6 @@ def reserve(check: Check) -> float:
     """Seconds kept for calibration and exercise 2: worth more than the compile probe."""
     return sum(s.predict(check, 0.0) for s in STAGES
                if s.name in ("calibration", "exercise2") and skip_reason(check, s) is None)
-
-
-def add_tflops(modes: dict, width: int, device: torch.device) -> None:
-    """TFLOP/s and percent of peak for each mode, as `bench` computes them."""
-    flops = TRAIN_FLOPS_FACTOR * forward_flops(resnet18(width=width))
-    for m in modes.values():
-        m["tflops"] = m["median"] * flops / 1e12
-        m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
-        m["percent_of_peak"] = 100 * m["tflops"] / m["peak_tflops"] if m["peak_tflops"] else None
 
 
 def bench_one(check: Check, bf16: bool) -> dict:
