@@ -4,6 +4,7 @@
     python -m mgpu_lib train --profile smoke
     python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store runs/x.jsonl
     python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
+    python -m mgpu_lib pages          # each page's predicted run time (the README's table)
     torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
@@ -23,6 +24,7 @@ from .bench import bench, format_bench
 from .data import DataError
 from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
+from .pages import prediction_rows
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
 from .supervise import LOG
@@ -105,6 +107,7 @@ def build_parser() -> Parser:
     add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"))
     add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
     add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"))
+    sub.add_parser("pages", help="each page's predicted run time (the README's table)")
     return parser
 
 
@@ -257,7 +260,18 @@ def cmd_worker(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker}
+def cmd_pages(args) -> int:
+    """The README's table: each page's predicted time on a Colab T4 and on a 2-core CPU."""
+    print("| page | T4, `full` as written | T4, `full` as run | cut to fit 15 min "
+          "| 2-core CPU, `cpu` |")
+    print("|---|---|---|---|---|")
+    for row in prediction_rows():
+        print("| " + " | ".join(map(str, row)) + " |")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker,
+            "pages": cmd_pages}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

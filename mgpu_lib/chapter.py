@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from .data import load_subsets
+from .model import block_shapes, count_layers, init_weights, num_params, resnet18
 
 
 def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
@@ -43,8 +44,9 @@ def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
             return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
 
     def stage(channels: int, first: bool) -> nn.Sequential:
-        return nn.Sequential(LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
-                             LazyResidual(channels))
+        return nn.Sequential(
+            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
+            LazyResidual(channels))
 
     w = width
     net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
@@ -69,6 +71,43 @@ def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
             reached += 1
     return reached
 
+
+def model_differences(width: int = 64) -> list[tuple[str, str, str]]:
+    """The chapter's network (`lazy_resnet18`) beside this book's (`model.resnet18`), measured
+    on fresh networks of `width`: (what, the chapter's, this book's) rows."""
+    def kinds(net):
+        names = [type(m).__name__ for m in net.modules()]
+        found = {k: names.count(k) for k in sorted(set(names))
+                 if any(part in k for part in ("Conv", "BatchNorm", "Linear"))}
+        return ", ".join(f"{n} {k}" for k, n in found.items())
+
+    def changed_by(init, net):
+        layers = [m for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))
+                  and not isinstance(m.weight, nn.parameter.UninitializedParameter)]
+        before = [m.weight.detach().clone() for m in layers]
+        init(net)
+        return sum(not torch.equal(b, m.weight) for b, m in zip(before, layers))
+
+    torch.manual_seed(0)
+    lazy, eager = lazy_resnet18(width=width), resnet18(width=width)
+    rows = [("layers", kinds(lazy), kinds(eager))]
+    try:
+        before = f"{num_params(lazy):,}"
+    except ValueError:
+        before = "unknown (ValueError)"
+    rows.append(("parameters before any data", before, f"{num_params(eager):,}"))
+    rows.append(("conv/linear layers the init changes",
+                 f"{changed_by(chapter_init_weights, lazy)} of {count_layers(lazy)}",
+                 f"{changed_by(init_weights, eager)} of {count_layers(eager)}"))
+    with torch.no_grad():
+        lazy.eval()(torch.zeros(2, 1, 28, 28))
+    rows.append(("parameters after one batch", f"{num_params(lazy):,}",
+                 f"{num_params(eager):,}"))
+    same = ([n for n, _ in lazy.named_children()] == [n for n, _ in eager.named_children()]
+            and block_shapes(lazy) == block_shapes(eager))
+    rows.append(("module names, output shapes", "as this book's" if same else "different",
+                 "as the chapter's" if same else "different"))
+    return rows
 
 
 class PILImages(Dataset):

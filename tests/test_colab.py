@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import nbformat
 import pytest
@@ -34,9 +35,11 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
-def run_alone(notebook: Path, site: Path, folder: Path, profile: str = "smoke") -> list[str]:
+def run_alone(notebook: Path, site: Path, folder: Path, profile: str = "smoke",
+              outputs: Optional[list] = None) -> list[str]:
     """Execute `notebook` alone in the empty `folder` with `site` first on the path; the
-    problems found (an error, an import from elsewhere, a missing record)."""
+    problems found (an error, an import from elsewhere, a missing record). The text of every
+    output is appended to `outputs` when given."""
     folder.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(shutil.copy(notebook, folder), as_version=4)
     nb.cells.insert(0, nbformat.v4.new_code_cell(
@@ -52,6 +55,8 @@ def run_alone(notebook: Path, site: Path, folder: Path, profile: str = "smoke") 
     except CellExecutionError as e:
         return [f"{notebook.name}: {str(e).strip().splitlines()[-1]}"]
     text = "\n".join(str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    if outputs is not None:
+        outputs.append(text)
     return [f"{notebook.name}: a recorded file is missing"] if MISSING.search(text) else []
 
 
@@ -78,3 +83,32 @@ def test_the_simulation_catches_a_missing_record(installed, tmp_path, line):
     nbformat.write(nb, planted)
     assert run_alone(planted, installed, tmp_path / "content") == \
         ["planted.ipynb: a recorded file is missing"]
+
+
+# What a page must show under `cpu` when it reads its records instead of training.
+RECORDED_UNDER_CPU = {
+    "05_performance": ["recorded with `python -m mgpu_lib bench`", "mean over 20 seeds",
+                       "The recorded 20 pairs below answer it"],
+    "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl"],
+}
+
+
+@pytest.mark.parametrize("stem", sorted(RECORDED_UNDER_CPU))
+def test_under_cpu_the_recorded_pages_show_their_records_without_training(stem, installed,
+                                                                          tmp_path):
+    """In Colab without a GPU (`cpu`), page 05 shows its recorded tables and ex1 its recorded
+    sweep; nothing is retrained: the shipped records are byte for byte the same afterwards, and
+    no real data is offered, so any training would fail (`cpu` refuses synthetic data)."""
+    records = sorted((installed / "mgpu_lib" / "results").glob("*.jsonl"))
+    before = [p.read_bytes() for p in records]
+    notebook = next(p for p in NOTEBOOKS if p.stem == stem)
+    saved = os.environ.pop("MGPU_FASHION_MNIST_DIR", None)
+    try:
+        outputs: list = []
+        assert run_alone(notebook, installed, tmp_path / "content", "cpu", outputs) == []
+    finally:
+        if saved is not None:
+            os.environ["MGPU_FASHION_MNIST_DIR"] = saved
+    for text in RECORDED_UNDER_CPU[stem]:
+        assert text in outputs[0], f"{stem} under cpu does not show: {text}"
+    assert [p.read_bytes() for p in records] == before, "a record was retrained and appended"

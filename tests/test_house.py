@@ -12,7 +12,7 @@ FLOORS = [
     {"switches", "chapter", "profiles"},                                        # the loop's parts
     {"train"},                                                                  # the loop
     {"ddp", "hetero"},                                                          # engines
-    {"sweep", "bench", "accuracy", "pipeline", "dataparallel"},                 # experiments
+    {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages"},        # experiments
     {"plots", "figures", "tables", "__main__"},                                 # faces
 ]
 FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}

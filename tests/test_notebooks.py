@@ -32,7 +32,8 @@ def test_title_and_setup_cell(path):
     setup = next(c for c in nb.cells if c.cell_type == "code")
     repo_url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     assert f'REPO_URL = "{repo_url}"' in setup.source, "setup cell must install from _config.yml's URL"
-    assert "print(banner())" in setup.source
+    assert f'PROFILE, SETUP = setup_page("{path.stem}")' in setup.source, "setup_page(<stem>)"
+    assert "print(SETUP)" in setup.source
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -1,0 +1,336 @@
+"""What each page of the book trains, how long that should take, and how to fit it in a budget.
+
+Every notebook's setup cell calls `setup_page(<its name>)`. That picks the profile, predicts the
+page's run time on the hardware it finds, and trims a page that would take longer than the
+budget (`BUDGET_MIN` minutes; `MGPU_PAGE_BUDGET_MIN` sets another, 0 = no limit): first to one
+seed, then fewer training images, then fewer epochs. It returns the lines the cell prints, cuts
+included, so a reader always knows what ran.
+
+The predictions come from a model, not from measurements:
+- a GPU with a datasheet in `scaling.DEVICES` trains a step in `scaling.predict_step_time`
+  (40% of its FP32 peak plus per-step overheads). Autocast is left out, so with tensor cores the
+  prediction errs long;
+- a CPU trains at the fast-loop rate of the recorded 2-core benchmarks (`bench_cpu.jsonl`, fp32),
+  scaled to the width by FLOPs. The slowest and the fastest recorded CPU give a range;
+- evaluating an image costs a third of training one (forward only);
+- a page also spends `STARTUP_S` on imports, data and figures.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from .devices import num_gpus
+from .model import forward_flops, num_params, resnet18
+from .profiles import Profile, active_profile, banner, get_profile
+from .results import read, recorded
+from .scaling import LINKS, Workload, predict_step_time, spec_for_name
+from .style import book_style
+from .train import TrainConfig
+
+BUDGET_MIN = 15.0
+STARTUP_S = 20.0
+FULL_TRAIN, FULL_TEST = 60_000, 10_000
+MIN_TRAIN = 5_000           # trimming never goes below this many training images
+
+
+@dataclass(frozen=True)
+class Job:
+    """Training a page does: `runs` runs of `epochs` epochs, or `steps` loose steps (benchmarks)."""
+    what: str
+    runs: int
+    width: int
+    batch: int
+    epochs: int = 0
+    train_images: int = 0
+    test_images: int = 0
+    steps: int = 0
+
+    @property
+    def trained(self) -> float:
+        return self.runs * (self.epochs * self.train_images + self.steps * self.batch)
+
+    @property
+    def evaluated(self) -> float:
+        return self.runs * self.epochs * self.test_images
+
+
+@dataclass(frozen=True)
+class Ex1Plan:
+    """Exercise 1's sweeps under a profile: the base config, the values, and the store."""
+    base: TrainConfig
+    epochs: list
+    batches: list
+    lrs: list
+    store: Path
+    recorded: bool              # the store is a record shipped with the package
+    seeds: tuple
+
+
+def ex1_plan(profile: Profile) -> Ex1Plan:
+    """smoke: a tiny sweep in a temporary folder; cpu: the recorded sweep (width 16, 5,000
+    images), read, not retrained; anything else: the chapter's settings, stored in ./runs/."""
+    if profile.name == "smoke":
+        base = TrainConfig.from_profile(profile, num_epochs=2, train_limit=500, test_limit=200)
+        return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0],
+                       Path(tempfile.gettempdir())
+                       / f"mgpu-ex1-smoke-{os.getpid()}-{time.time_ns()}.jsonl",
+                       False, profile.seeds)
+    if profile.name == "cpu":
+        base = TrainConfig.from_profile(profile, train_limit=5000, test_limit=1000)
+        return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], [0.05, 0.1, 0.2, 0.4, 50.0],
+                       recorded("ex1_cpu.jsonl"), True, profile.seeds)
+    base = TrainConfig.from_profile(profile)
+    e = base.num_epochs
+    epochs = sorted({max(1, e // 5), max(1, e // 2), e, 2 * e})
+    store = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
+    return Ex1Plan(base, epochs, [128, 256, 512, 1024], [0.05, 0.1, 0.2, 0.4, 50.0], store,
+                   False, profile.seeds)
+
+
+def _run(what: str, p: Profile, runs: int = 1, batch: Optional[int] = None,
+         epochs: Optional[int] = None, train_images: Optional[int] = None,
+         test_images: Optional[int] = None) -> Job:
+    return Job(what, runs, p.width, batch or p.batch_size, epochs or p.num_epochs,
+               train_images or p.train_limit or FULL_TRAIN,
+               test_images or p.test_limit or FULL_TEST)
+
+
+def _ex1_jobs(p: Profile, gpus: int) -> list[Job]:
+    plan = ex1_plan(p)
+    if plan.recorded:
+        return []
+    b, s = plan.base, len(p.seeds)
+    n, t = b.train_limit or FULL_TRAIN, b.test_limit or FULL_TEST
+
+    def run(what, runs, batch=b.batch_size, epochs=b.num_epochs):
+        return Job(what, runs, b.width, batch, epochs, n, t)
+    jobs = [run("epochs sweep (longest run per seed)", s, epochs=max(plan.epochs)),
+            *[run(f"batch {x}", s, batch=x) for x in plan.batches if x != b.batch_size],
+            *[run(f"lr {x}", s) for x in plan.lrs],       # includes the base point
+            run("warmup at 4 x batch, with and without", 2 * s, batch=4 * b.batch_size)]
+    if gpus >= 2:
+        jobs.append(run("devices sweep", s * (len([k for k in (2, 4, 8, 16) if k <= gpus]))))
+    elif gpus == 0:
+        jobs.append(run("DDP, 2 gloo processes", 1))
+    return jobs
+
+
+def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
+    """The training `page` does under `profile` on a machine with `gpus` GPUs."""
+    p, seeds = profile, len(profile.seeds)
+    if page not in PAGES:
+        raise ValueError(f"unknown page {page!r}; pages: {', '.join(PAGES)}")
+    if page == "03_dataparallel":
+        jobs = [_run("one run, one device", p)]
+        if gpus > 1:
+            jobs.append(_run("one run, all GPUs", p, batch=p.batch_size * gpus))
+        return jobs + [_run("batch sweep, base", p, seeds),
+                       _run("batch sweep, 2 x batch", p, seeds, batch=2 * p.batch_size)]
+    if page == "04_ddp":
+        processes = ddp_process_counts(p.batch_size, gpus)
+        return [_run("DataParallel", p)] + [_run(f"DDP, {k} process(es)", p) for k in processes]
+    if page == "05_performance":
+        steps = bench_steps(p)
+        modes = 6 if gpus else 4
+        jobs = [Job("bench: 2 loops", 2, p.width, p.batch_size, steps=2 + 3 * steps),
+                Job("ablation", modes, p.width, p.batch_size, steps=2 + 2 * steps)]
+        if live_accuracy(p):
+            jobs.append(_run("the chapter's loop and the fast loop", p, 2))
+        return jobs
+    if page == "ex1_hyperparameters":
+        return _ex1_jobs(p, gpus)
+    if page == "ex2_cpu_gpu_split":
+        return [Job("speeds, splits and pipelines", 1, p.width, p.batch_size, steps=120),
+                _run("heterogeneous training", p, epochs=1 if p.name == "smoke" else 2)]
+    return []
+
+
+PAGES = ("01_network", "02_devices", "03_dataparallel", "06_summary", "04_ddp",
+         "05_performance", "ex1_hyperparameters", "ex2_cpu_gpu_split")
+
+
+def ddp_process_counts(global_batch: int, gpus: int) -> list[int]:
+    """The DDP runs page 04 makes: 1 process, and the most (up to the GPUs, or 2 gloo
+    processes without one) that split the batch evenly."""
+    most = max(k for k in range(1, (gpus or 2) + 1) if global_batch % k == 0)
+    return sorted({1, most})
+
+
+def bench_steps(p: Profile) -> int:
+    """Timed steps per round of the Performance page's benchmarks."""
+    return {"smoke": 3, "cpu": 5}.get(p.name, 20)
+
+
+def live_accuracy(p: Profile) -> bool:
+    """Whether the Performance page trains both loops live. Not under `cpu`: there one pair takes
+    minutes and its gap is within one seed's noise, and the recorded 20-seed study answers it."""
+    return p.name != "cpu"
+
+
+def _workload(width: int) -> Workload:
+    net = resnet18(width=width)
+    return Workload(params=num_params(net), forward_flops=forward_flops(net))
+
+
+def gpu_seconds(jobs: Sequence[Job], spec) -> float:
+    """Training seconds for `jobs` on one GPU of `spec`, by `scaling.predict_step_time`."""
+    total = 0.0
+    for j in jobs:
+        w = _workload(j.width)
+        step = predict_step_time(1, j.batch, spec, LINKS["PCIe gen3 x16"], "dp",
+                                 workload=w).total
+        total += step * j.trained / j.batch + (step * j.evaluated / j.batch) / w.train_factor
+    return total
+
+
+def cpu_rates() -> dict[str, dict[int, float]]:
+    """Achieved training FLOP/s of each recorded 2-core CPU's fast loop in fp32, by width."""
+    rates: dict[str, dict[int, float]] = {}
+    for r in read(recorded("bench_cpu.jsonl")):
+        fast = r["modes"]["fast"]
+        if r["device"] != "cpu" or "bf16" in fast["describe"]:
+            continue
+        cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
+        flops = fast["median"] * 3 * forward_flops(resnet18(width=r["width"]))
+        rates.setdefault(cpu, {})[r["width"]] = flops
+    return rates
+
+
+def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
+    """Training seconds for `jobs` on a CPU that achieves `flops_by_width` (the recorded width
+    nearest each job's is used)."""
+    total = 0.0
+    for j in jobs:
+        rate = flops_by_width[min(flops_by_width, key=lambda w: abs(w - j.width))]
+        per_image = 3 * forward_flops(resnet18(width=j.width))
+        total += (j.trained + j.evaluated / 3) * per_image / rate
+    return total
+
+
+def trim(page: str, profile: Profile, seconds, budget_s: float,
+         gpus: int = 0) -> tuple[Profile, list[str]]:
+    """`profile`, cut until `seconds(page_jobs(...))` fits `budget_s`: one seed, then half the
+    training (and test) images down to `MIN_TRAIN`, then half the epochs down to 2. Returns the
+    profile and one phrase per cut."""
+    p, cuts = profile, []
+
+    def cost(q):
+        return STARTUP_S + seconds(page_jobs(page, q, gpus))
+    if budget_s <= 0 or cost(p) <= budget_s:
+        return p, cuts
+    if len(p.seeds) > 1 and cost(replace(p, seeds=p.seeds[:1])) < cost(p):
+        cuts.append(f"1 seed instead of {len(p.seeds)}")
+        p = replace(p, seeds=p.seeds[:1])
+    train = p.train_limit or FULL_TRAIN
+    while cost(p) > budget_s and train // 2 >= MIN_TRAIN:
+        train //= 2
+        p = replace(p, train_limit=train,
+                    test_limit=min(p.test_limit or FULL_TEST, max(2000, train // 6)))
+    if train != (profile.train_limit or FULL_TRAIN):
+        cuts.append(f"{train:,} training and {p.test_limit:,} test images instead of "
+                    f"{profile.train_limit or FULL_TRAIN:,} and "
+                    f"{profile.test_limit or FULL_TEST:,}")
+    epochs = p.num_epochs
+    while cost(p) > budget_s and epochs // 2 >= 2:
+        epochs //= 2
+        p = replace(p, num_epochs=epochs)
+    if epochs != profile.num_epochs:
+        cuts.append(f"{epochs} epochs instead of {profile.num_epochs}")
+    return replace(p, name=f"{profile.name}, trimmed"), cuts
+
+
+def budget_s() -> float:
+    """The page budget in seconds: `MGPU_PAGE_BUDGET_MIN` minutes (0: no limit), else 15."""
+    text = os.environ.get("MGPU_PAGE_BUDGET_MIN", "").strip()
+    if not text:
+        return 60 * BUDGET_MIN
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1.0
+    if not minutes >= 0:
+        raise ValueError(f"MGPU_PAGE_BUDGET_MIN must be a number of minutes >= 0, got {text!r}")
+    return 60 * minutes
+
+
+def minutes(seconds: float) -> str:
+    """'under a minute', 'about 4 min', 'about 1.5 h'."""
+    if seconds < 60:
+        return "under a minute"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def span(low: float, high: float) -> str:
+    """A time range in words: 'about 5 to 17 min', or one figure where both round alike."""
+    lo, hi = minutes(low), minutes(high)
+    if lo == hi:
+        return hi
+    if low >= 60 and hi.endswith(" min"):
+        return f"about {low / 60:.0f} to {high / 60:.0f} min"
+    return f"{lo} to {hi.replace('about ', '')}"
+
+
+def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
+            gpus: int = 0) -> dict:
+    """The predicted run time of `page` under `profile`: on `gpu_name` (a CUDA device name) if
+    given, else on the recorded CPUs. Keys: `seconds` (a (low, high) pair; None where no
+    datasheet matches), `profile` (trimmed to the budget on a GPU), `cuts`, `on`."""
+    if gpu_name:
+        spec = spec_for_name(gpu_name)
+        if spec is None:
+            return dict(seconds=None, profile=profile, cuts=[], on=gpu_name)
+
+        def seconds(jobs):
+            return gpu_seconds(jobs, spec)
+        p, cuts = trim(page, profile, seconds, budget_s(), gpus or 1)
+        t = STARTUP_S + seconds(page_jobs(page, p, gpus or 1))
+        return dict(seconds=(t, t), profile=p, cuts=cuts, on=f"one {spec.name}")
+    rates = cpu_rates()
+    if not rates:
+        return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
+    times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]
+    return dict(seconds=(min(times), max(times)), profile=profile, cuts=[],
+                on=f"a 2-core CPU (the {len(rates)} recorded ones)")
+
+
+def expected_line(pred: dict) -> str:
+    """One line: the page's expected time, labelled a prediction, with any cuts."""
+    if pred["seconds"] is None:
+        return f"expected time: no prediction for {pred['on']} (no datasheet in mgpu_lib)"
+    line = f"expected time: {span(*pred['seconds'])} on {pred['on']} (predicted, mgpu_lib.pages)"
+    if pred["cuts"]:
+        line += f"\ntrimmed to fit {budget_s() / 60:g} min: " + "; ".join(pred["cuts"])
+    return line
+
+
+def setup_page(page: str) -> tuple[Profile, str]:
+    """For a notebook's setup cell: the book's figure style, the profile (trimmed to the budget
+    on a GPU), and the lines to print: the banner and the expected time."""
+    book_style()
+    profile = active_profile()
+    gpus = num_gpus()
+    name = torch.cuda.get_device_name(0) if gpus else None
+    pred = predict(page, profile, name, gpus)
+    return pred["profile"], banner(pred["profile"]) + "\n" + expected_line(pred)
+
+
+def prediction_rows(pages: Sequence[str] = PAGES) -> list[tuple]:
+    """For the README: each page's predicted time on a Colab T4 under `full` (trimmed and as
+    the profile has it) and on the recorded 2-core CPUs under `cpu`."""
+    full, cpu = get_profile("full"), get_profile("cpu")
+    rows = []
+    for page in pages:
+        as_is = predict(page, full, "Tesla T4", 1)
+        untrimmed = STARTUP_S + gpu_seconds(page_jobs(page, full, 1), spec_for_name("T4"))
+        rows.append((page, minutes(untrimmed), minutes(as_is["seconds"][0]),
+                     "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"])))
+    return rows

@@ -1,0 +1,132 @@
+"""Each page's work, its predicted time, and the trim that fits a GPU page in its budget."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgpu_lib import pages
+from mgpu_lib.chapter import model_differences
+from mgpu_lib.pages import (PAGES, budget_s, ddp_process_counts, ex1_plan, expected_line,
+                            page_jobs, predict, prediction_rows, setup_page, span)
+from mgpu_lib.profiles import get_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL, CPU, SMOKE = (get_profile(n) for n in ("full", "cpu", "smoke"))
+
+
+def test_every_notebook_is_a_page_and_every_page_a_notebook():
+    stems = {p.stem for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb")}
+    assert stems == set(PAGES)
+
+
+def test_an_unknown_page_is_refused_with_the_list():
+    with pytest.raises(ValueError, match="unknown page '07_x'.*01_network"):
+        page_jobs("07_x", CPU)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_on_a_t4_every_page_is_trimmed_to_fit_the_budget(page, monkeypatch):
+    monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
+    pred = predict(page, FULL, "Tesla T4", 1)
+    assert pred["seconds"][0] <= budget_s() * 1.02, (page, pred)
+    if pred["cuts"]:
+        assert pred["profile"].name == "full, trimmed"
+        assert "trimmed to fit 15 min" in expected_line(pred)
+
+
+def test_the_trim_has_real_work_to_do_on_a_t4_and_says_each_cut(monkeypatch):
+    monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
+    untrimmed = pages.STARTUP_S + pages.gpu_seconds(page_jobs("03_dataparallel", FULL, 1),
+                                                    pages.spec_for_name("T4"))
+    assert untrimmed > budget_s()
+    pred = predict("03_dataparallel", FULL, "Tesla T4", 1)
+    assert pred["cuts"][0] == "1 seed instead of 3" and pred["profile"].seeds == (0,)
+    assert pred["profile"].train_limit < 60_000       # one seed was not enough
+    # a page whose seeds do not matter is not said to have lost them
+    assert not any("seed" in c for c in predict("05_performance", FULL, "Tesla T4", 1)["cuts"])
+
+
+def test_no_budget_means_no_cuts_and_a_bad_budget_is_one_line(monkeypatch):
+    monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", "0")
+    assert predict("ex1_hyperparameters", FULL, "Tesla T4", 1)["cuts"] == []
+    monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", "soon")
+    with pytest.raises(ValueError, match="MGPU_PAGE_BUDGET_MIN must be a number"):
+        budget_s()
+
+
+def test_a_faster_gpu_needs_fewer_cuts(monkeypatch):
+    monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
+    t4 = predict("ex1_hyperparameters", FULL, "Tesla T4", 1)
+    h200 = predict("ex1_hyperparameters", FULL, "NVIDIA H200", 1)
+    assert (h200["profile"].train_limit or 60_000) > t4["profile"].train_limit
+
+
+def test_a_gpu_without_a_datasheet_gets_no_prediction_and_no_cuts():
+    pred = predict("03_dataparallel", FULL, "Radeon Pro W7900", 1)
+    assert pred["seconds"] is None and pred["cuts"] == [] and pred["profile"] is FULL
+    assert "no prediction for Radeon Pro W7900" in expected_line(pred)
+
+
+def test_cpu_predictions_are_a_range_from_the_recorded_cpus():
+    lo, hi = predict("03_dataparallel", CPU)["seconds"]
+    assert 0 < lo < hi                                  # two CPUs ~3x apart are recorded
+    assert predict("03_dataparallel", CPU)["cuts"] == []
+
+
+def test_recorded_ex1_costs_nothing_but_startup_and_smoke_is_fresh():
+    assert page_jobs("ex1_hyperparameters", CPU) == []
+    assert ex1_plan(CPU).recorded and ex1_plan(CPU).store.is_file()
+    a, b = ex1_plan(SMOKE).store, ex1_plan(SMOKE).store
+    assert a != b and not a.exists()
+
+
+def test_ex1_epochs_follow_the_profile():
+    assert ex1_plan(FULL).epochs == [2, 5, 10, 20]
+
+
+@pytest.mark.parametrize("batch, gpus, counts", [(256, 0, [1, 2]), (256, 1, [1]),
+                                                 (256, 8, [1, 8]), (255, 4, [1, 3])])
+def test_ddp_process_counts_never_ask_for_more_gpus_than_exist(batch, gpus, counts):
+    assert ddp_process_counts(batch, gpus) == counts
+
+
+def test_span_reads_as_words():
+    assert span(30, 50) == "under a minute"
+    assert span(300, 1020) == "about 5 to 17 min"
+    assert span(30, 120) == "under a minute to 2 min"
+    assert span(600, 600) == "about 10 min"
+    assert span(3 * 3600, 3 * 3600) == "about 3.0 h"
+
+
+def test_setup_page_on_a_mocked_t4_trims_and_says_so(monkeypatch):
+    monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
+    monkeypatch.setenv("MGPU_PROFILE", "full")
+    monkeypatch.setattr(pages, "num_gpus", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    monkeypatch.setattr(pages, "banner", lambda p: f"profile: {p.name}")
+    profile, text = setup_page("03_dataparallel")
+    assert profile.name == "full, trimmed" and profile.seeds == (0,)
+    assert "profile: full, trimmed" in text and "on one T4 (predicted" in text
+    assert "trimmed to fit 15 min: 1 seed instead of 3" in text
+
+
+def test_setup_page_on_this_cpu_keeps_the_profile(monkeypatch):
+    monkeypatch.setenv("MGPU_PROFILE", "cpu")
+    monkeypatch.setattr(pages, "num_gpus", lambda: 0)
+    profile, text = setup_page("04_ddp")
+    assert profile is CPU and text.count("\n") == 2 and "a 2-core CPU" in text
+
+
+def test_the_readme_table_rows():
+    rows = prediction_rows()
+    assert [r[0] for r in rows] == list(PAGES)
+    assert dict((r[0], r[3]) for r in rows)["01_network"] == "none"
+
+
+def test_the_chapter_network_differs_from_this_one_only_until_data_flows():
+    rows = {what: (chapter, book) for what, chapter, book in model_differences(width=8)}
+    assert rows["parameters before any data"] == ("unknown (ValueError)", "176,634")
+    assert rows["conv/linear layers the init changes"] == ("2 of 21", "21 of 21")
+    assert rows["parameters after one batch"] == ("176,634", "176,634")
+    assert rows["module names, output shapes"] == ("as this book's", "as the chapter's")
+    assert "LazyConv2d" in rows["layers"][0] and "Lazy" not in rows["layers"][1]
