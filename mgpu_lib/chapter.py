@@ -28,15 +28,17 @@ from .model import block_shapes, count_layers, init_weights, num_params, resnet1
 def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
     """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers.
 
-    Lazy layers learn their input size at the first forward pass; until then their weights are
-    `UninitializedParameter`s and their class is `LazyConv2d`, not `Conv2d`.
+    Lazy layers learn their input size at the first forward pass; until then
+    their weights are `UninitializedParameter`s and their class is `LazyConv2d`,
+    not `Conv2d`.
     """
     class LazyResidual(nn.Module):
         def __init__(self, channels: int, use_1x1conv: bool = False, strides: int = 1):
             super().__init__()
             self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
             self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
-            self.conv3 = nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv else None
+            self.conv3 = (nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv
+                          else None)
             self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
 
         def forward(self, x):

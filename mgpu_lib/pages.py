@@ -226,7 +226,7 @@ def trim(page: str, profile: Profile, seconds, budget_s: float,
     if budget_s <= 0 or cost(p) <= budget_s:
         return p, cuts
     if len(p.seeds) > 1 and cost(replace(p, seeds=p.seeds[:1])) < cost(p):
-        cuts.append(f"1 seed instead of {len(p.seeds)}")
+        cuts.append(f"1 of {len(p.seeds)} seeds")
         p = replace(p, seeds=p.seeds[:1])
     train = p.train_limit or FULL_TRAIN
     while cost(p) > budget_s and train // 2 >= MIN_TRAIN:
@@ -234,15 +234,14 @@ def trim(page: str, profile: Profile, seconds, budget_s: float,
         p = replace(p, train_limit=train,
                     test_limit=min(p.test_limit or FULL_TEST, max(2000, train // 6)))
     if train != (profile.train_limit or FULL_TRAIN):
-        cuts.append(f"{train:,} training and {p.test_limit:,} test images instead of "
-                    f"{profile.train_limit or FULL_TRAIN:,} and "
-                    f"{profile.test_limit or FULL_TEST:,}")
+        cuts.append(f"{train:,} of {profile.train_limit or FULL_TRAIN:,} training images, "
+                    f"{p.test_limit:,} of {profile.test_limit or FULL_TEST:,} test images")
     epochs = p.num_epochs
     while cost(p) > budget_s and epochs // 2 >= 2:
         epochs //= 2
         p = replace(p, num_epochs=epochs)
     if epochs != profile.num_epochs:
-        cuts.append(f"{epochs} epochs instead of {profile.num_epochs}")
+        cuts.append(f"{epochs} of {profile.num_epochs} epochs")
     return replace(p, name=f"{profile.name}, trimmed"), cuts
 
 
@@ -293,22 +292,22 @@ def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
             return gpu_seconds(jobs, spec)
         p, cuts = trim(page, profile, seconds, budget_s(), gpus or 1)
         t = STARTUP_S + seconds(page_jobs(page, p, gpus or 1))
-        return dict(seconds=(t, t), profile=p, cuts=cuts, on=f"one {spec.name}")
+        return dict(seconds=(t, t), profile=p, cuts=cuts, on=f"one {spec.name.split()[0]}")
     rates = cpu_rates()
     if not rates:
         return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
     times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]
     return dict(seconds=(min(times), max(times)), profile=profile, cuts=[],
-                on=f"a 2-core CPU (the {len(rates)} recorded ones)")
+                on=f"a 2-core CPU like the {len(rates)} recorded")
 
 
 def expected_line(pred: dict) -> str:
     """One line: the page's expected time, labelled a prediction, with any cuts."""
     if pred["seconds"] is None:
-        return f"expected time: no prediction for {pred['on']} (no datasheet in mgpu_lib)"
-    line = f"expected time: {span(*pred['seconds'])} on {pred['on']} (predicted, mgpu_lib.pages)"
+        return f"expected: no prediction ({pred['on'][:32]} has no datasheet here)"
+    line = f"expected: {span(*pred['seconds'])} on {pred['on']} (predicted)"
     if pred["cuts"]:
-        line += f"\ntrimmed to fit {budget_s() / 60:g} min: " + "; ".join(pred["cuts"])
+        line += f"\ntrimmed to fit {budget_s() / 60:g} min:" + "".join(f"\n  {c}" for c in pred["cuts"])
     return line
 
 

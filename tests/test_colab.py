@@ -89,7 +89,7 @@ def test_the_simulation_catches_a_missing_record(installed, tmp_path, line):
 RECORDED_UNDER_CPU = {
     "05_performance": ["recorded with `python -m mgpu_lib bench`", "mean over 20 seeds",
                        "The recorded 20 pairs below answer it"],
-    "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl"],
+    "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl", "the notes' setting"],
 }
 
 
