@@ -17,6 +17,7 @@ The predictions come from a model, not from measurements:
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -174,7 +175,10 @@ def live_accuracy(p: Profile) -> bool:
     return p.name != "cpu"
 
 
+@functools.lru_cache(maxsize=None)
 def _workload(width: int) -> Workload:
+    """The network of `width` as numbers, built (and run once, for its FLOPs) once per width:
+    a prediction and its trim ask for the same few widths many times."""
     net = resnet18(width=width)
     return Workload(params=num_params(net), forward_flops=forward_flops(net))
 
@@ -198,7 +202,7 @@ def cpu_rates() -> dict[str, dict[int, float]]:
         if r["device"] != "cpu" or "bf16" in fast["describe"]:
             continue
         cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
-        flops = fast["median"] * 3 * forward_flops(resnet18(width=r["width"]))
+        flops = fast["median"] * _workload(r["width"]).train_flops
         rates.setdefault(cpu, {})[r["width"]] = flops
     return rates
 
@@ -209,8 +213,8 @@ def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
     total = 0.0
     for j in jobs:
         rate = flops_by_width[min(flops_by_width, key=lambda w: abs(w - j.width))]
-        per_image = 3 * forward_flops(resnet18(width=j.width))
-        total += (j.trained + j.evaluated / 3) * per_image / rate
+        w = _workload(j.width)
+        total += (j.trained + j.evaluated / w.train_factor) * w.train_flops / rate
     return total
 
 
