@@ -134,10 +134,10 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
             jobs.append(_run("one run, all GPUs", p, batch=p.batch_size * gpus))
         return jobs + [_run("batch sweep, base", p, seeds),
                        _run("batch sweep, 2 x batch", p, seeds, batch=2 * p.batch_size)]
-    if page == "04_ddp":
+    if page == "05_ddp":
         processes = ddp_process_counts(p.batch_size, gpus)
         return [_run("DataParallel", p)] + [_run(f"DDP, {k} process(es)", p) for k in processes]
-    if page == "05_performance":
+    if page == "06_performance":
         steps = bench_steps(p)
         modes = 6 if gpus else 4
         jobs = [Job("bench: 2 loops", 2, p.width, p.batch_size, steps=2 + 3 * steps),
@@ -153,8 +153,8 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     return []
 
 
-PAGES = ("01_network", "02_devices", "03_dataparallel", "06_summary", "04_ddp",
-         "05_performance", "ex1_hyperparameters", "ex2_cpu_gpu_split")
+PAGES = ("01_network", "02_devices", "03_dataparallel", "04_summary", "05_ddp",
+         "06_performance", "ex1_hyperparameters", "ex2_cpu_gpu_split")
 
 
 def ddp_process_counts(global_batch: int, gpus: int) -> list[int]:

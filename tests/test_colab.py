@@ -87,7 +87,7 @@ def test_the_simulation_catches_a_missing_record(installed, tmp_path, line):
 
 # What a page must show under `cpu` when it reads its records instead of training.
 RECORDED_UNDER_CPU = {
-    "05_performance": ["recorded with `python -m mgpu_lib bench`", "mean over 20 seeds",
+    "06_performance": ["recorded with `python -m mgpu_lib bench`", "mean over 20 seeds",
                        "The recorded 20 pairs below answer it"],
     "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl", "the notes' setting"],
 }

@@ -46,7 +46,7 @@ def test_the_trim_has_real_work_to_do_on_a_t4_and_says_each_cut(monkeypatch):
     assert pred["cuts"][0] == "1 of 3 seeds" and pred["profile"].seeds == (0,)
     assert pred["profile"].train_limit < 60_000       # one seed was not enough
     # a page whose seeds do not matter is not said to have lost them
-    assert not any("seed" in c for c in predict("05_performance", FULL, "Tesla T4", 1)["cuts"])
+    assert not any("seed" in c for c in predict("06_performance", FULL, "Tesla T4", 1)["cuts"])
 
 
 def test_no_budget_means_no_cuts_and_a_bad_budget_is_one_line(monkeypatch):
@@ -116,7 +116,7 @@ def test_setup_page_on_a_mocked_t4_trims_and_says_so(monkeypatch):
 def test_setup_page_on_this_cpu_keeps_the_profile(monkeypatch):
     monkeypatch.setenv("MGPU_PROFILE", "cpu")
     monkeypatch.setattr(pages, "num_gpus", lambda: 0)
-    profile, text = setup_page("04_ddp")
+    profile, text = setup_page("05_ddp")
     assert profile is CPU and text.count("\n") == 2 and "a 2-core CPU" in text
 
 
