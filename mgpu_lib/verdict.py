@@ -1,4 +1,6 @@
-"""The book's one verdict rule: is A ahead of B, B ahead of A, or can the seeds not tell?
+"""What the prose may say: the book's one verdict rule, and `glue` to put it on the page.
+
+Is A ahead of B, B ahead of A, or can the seeds not tell?
 
     v = paired({0: 0.83, 1: 0.81, 2: 0.85}, {0: 0.79, 1: 0.80, 2: 0.78},
                names=("batch 256", "batch 512"), scale=100, unit="points")
@@ -9,7 +11,9 @@ The rule (RULE): take A minus B seed by seed where both sides hold the same seed
 else the difference of the two means with Welch's standard error (unpaired). A side is ahead
 only when the mean difference is more than Z = 2 standard errors from zero; otherwise the two
 cannot be told apart. One seed has no standard error, so it never decides anything. Every
-verdict on a page is this module's output, glued into the prose, never typed.
+verdict on a page is this module's output, glued into the prose, never typed:
+
+    glue("warmup_verdict", v)   # then {glue:text}`warmup_verdict` in a markdown cell
 """
 from __future__ import annotations
 
@@ -18,6 +22,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .results import mean_std_se
+
+try:  # myst-nb stores glued values for the book; Colab and plain Jupyter build no book
+    from myst_nb import glue as _myst_glue
+except ImportError:
+    _myst_glue = None
 
 Z = 2.0
 RULE = ("A is ahead of B when the mean difference A - B is more than 2 standard errors "
@@ -115,3 +124,15 @@ def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
 def by_seed(records: Iterable, value: Callable = lambda r: r.final_test_acc) -> dict:
     """{seed: value(record)} for the finished records of one configuration."""
     return {r.seed: value(r) for r in records if getattr(r, "status", "ok") == "ok"}
+
+
+def glue(name: str, value) -> None:
+    """Store `value` under `name` for the page's prose (`{glue:text}`name:.2f``), shown
+    nowhere else. A Verdict is stored as its sentence, a numpy scalar as a Python number
+    (myst-nb formats only what `literal_eval` reads); without myst-nb this does nothing."""
+    if isinstance(value, Verdict):
+        value = str(value)
+    elif hasattr(value, "item"):
+        value = value.item()
+    if _myst_glue is not None:
+        _myst_glue(name, value, display=False)

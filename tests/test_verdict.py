@@ -98,3 +98,22 @@ def test_by_seed_keeps_finished_records_only():
     recs = [SimpleNamespace(seed=0, status="ok", final_test_acc=0.8),
             SimpleNamespace(seed=1, status="diverged", final_test_acc=0.1)]
     assert by_seed(recs) == {0: 0.8}
+
+
+def test_glue_stores_plain_python_values_and_verdict_sentences(monkeypatch):
+    import numpy as np
+    from mgpu_lib import verdict
+    stored = {}
+    monkeypatch.setattr(verdict, "_myst_glue",
+                        lambda name, value, display: stored.update({name: (value, display)}))
+    v = paired({0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.5}, NAMES)
+    verdict.glue("v", v)
+    verdict.glue("x", np.float64(0.25))
+    assert stored["v"] == (str(v), False)
+    assert stored["x"] == (0.25, False) and type(stored["x"][0]) is float
+
+
+def test_glue_without_myst_nb_does_nothing(monkeypatch):
+    from mgpu_lib import verdict
+    monkeypatch.setattr(verdict, "_myst_glue", None)
+    verdict.glue("x", 1.0)
