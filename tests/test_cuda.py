@@ -35,6 +35,28 @@ def test_dataparallel_with_one_device_moves_the_module_to_it():
     assert out.shape == (8, 10) and out.device == torch.device("cuda:0")
 
 
+def test_dataparallel_with_two_device_ids_raises_when_the_module_stayed_on_the_cpu():
+    """The chapter's 2-GPU run without the 1-GPU run before it (d2l-en issue 2461): with more
+    than one device id, `DataParallel.__init__` leaves the module where it is, and `forward`
+    refuses parameters that are not on device_ids[0]. Two ids of one GPU take the same branch,
+    so one GPU shows it; the next test uses two GPUs where they exist."""
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+    dp = nn.DataParallel(net, device_ids=[0, 0])
+    assert {p.device.type for p in dp.module.parameters()} == {"cpu"}
+    with pytest.raises(RuntimeError, match="parameters and buffers"):
+        dp(torch.rand(8, 1, 28, 28, device="cuda:0"))
+    dp.module.to("cuda:0")            # what mgpu_lib.train.train does before wrapping
+    assert dp(torch.rand(8, 1, 28, 28, device="cuda:0")).shape == (8, 10)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_dataparallel_over_two_gpus_raises_when_the_module_stayed_on_the_cpu():
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+    dp = nn.DataParallel(net, device_ids=[0, 1])
+    with pytest.raises(RuntimeError, match="parameters and buffers"):
+        dp(torch.rand(8, 1, 28, 28, device="cuda:0"))
+
+
 def test_auto_picks_bf16_exactly_from_compute_capability_8():
     device = torch.device("cuda:0")
     native = torch.cuda.get_device_capability(device) >= (8, 0)
