@@ -8,7 +8,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_lib"
 FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
-     "style"},
+     "style", "published"},
     {"switches", "chapter", "profiles", "verdict"},                             # the loop's parts
     {"train"},                                                                  # the loop
     {"ddp", "hetero"},                                                          # engines
