@@ -1,6 +1,8 @@
 # make book: build the Jupyter Book from the stored notebook outputs (no execution).
-# make test: unit tests (the Colab simulation and the built book's HTML check among them), then
-# every notebook under nbval with the smoke profile.
+# make check: the fast tests (`pytest -m "not slow"`), under 2 minutes, for use while working.
+# make test: everything (torchrun, the book build and its HTML check among them), and every
+# notebook executed once under nbval with the smoke profile, the Colab way (conftest.py): the
+# same as a bare `pytest --nbval` from the repository root.
 # Each sets up .venv from pyproject.toml first; a second run reuses it.
 
 PYTHON ?= python3
@@ -9,7 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test venv clean
+.PHONY: book check test venv clean
 
 venv: $(STAMP)
 
@@ -22,9 +24,11 @@ $(STAMP): pyproject.toml
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W --keep-going
 
+check: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" tests
+
 test: $(STAMP)
-	MGPU_CHECK_BOOK=1 $(BIN)/python -m pytest tests
-	MGPU_PROFILE=smoke $(BIN)/python -m pytest --nbval chapters exercises
+	$(BIN)/python -m pytest --nbval
 
 clean:
 	rm -rf _build

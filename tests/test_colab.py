@@ -1,14 +1,10 @@
-"""Colab, simulated: every notebook alone in an empty folder, `mgpu_lib` installed as a package.
-
-In Colab a notebook arrives without the repository around it and `pip` installs `mgpu_lib`
-(non-editable) from the repository URL. Here the package is installed non-editable into a temporary
-folder, each notebook is copied alone into an empty directory, and it runs under the smoke profile
-with that folder first on the path, so the repository itself is not what gets imported. A page
-fails if it reads outside its folder (`../results`, say) or says a recorded table is missing.
+"""Colab, simulated. Every page runs the Colab way once, under nbval (the root conftest.py):
+`mgpu_lib` installed non-editable into a temporary folder, each notebook alone in an empty folder,
+that install alone on the path. These tests test that harness on planted pages, and run the two
+pages that read records instead of training under `cpu`, as Colab without a GPU does.
 """
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,72 +13,86 @@ from typing import Optional
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-ROOT = Path(__file__).resolve().parent.parent
+from nbval_colab import MISSING, ORIGIN, ROOT, install_site
+
 NOTEBOOKS = sorted(p for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb"))
-MISSING = re.compile(r"\b(was|were) not found")   # what a page prints for a missing record
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """mgpu_lib installed non-editable into a folder of its own, as pip does in Colab."""
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(ROOT)], check=True,
-                   capture_output=True, timeout=300)
-    assert (target / "mgpu_lib" / "results" / "ex1_cpu.jsonl").is_file(), "records not shipped"
+    target = install_site(tmp_path_factory.mktemp("site"))
+    assert list((target / "mgpu_lib").rglob("ex1_cpu.jsonl")), "records not shipped"
     return target
 
 
-def run_alone(notebook: Path, site: Path, folder: Path, profile: str = "smoke",
-              outputs: Optional[list] = None) -> list[str]:
-    """Execute `notebook` alone in the empty `folder` with `site` first on the path; the
-    problems found (an error, an import from elsewhere, a missing record). The text of every
-    output is appended to `outputs` when given."""
+def cell(source: str, output: Optional[str] = None, tags: tuple = ()):
+    c = nbformat.v4.new_code_cell(source, metadata={"tags": list(tags)})
+    if output is not None:        # a stored output for nbval to compare against
+        c.execution_count = 1
+        c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=output)]
+    return c
+
+
+# Planted pages and what the harness must say about each: (outcome, words in its report).
+PLANTED = {
+    "alone": ([cell("import os\nprint(sorted(os.listdir('.')))", "['alone.ipynb']\n")],
+              "PASSED", ""),
+    "differs": ([cell("print(1 + 1)", "3\n")], "FAILED", "Cell outputs differ"),
+    "reads_repo": ([cell("open('../results/ex1_cpu.json')")], "FAILED", "FileNotFoundError"),
+    "says_missing": ([cell("print('The recorded benchmarks (bench_cpu.jsonl) were not found.')",
+                           tags=("nbval-ignore-output",))],
+                     "FAILED", "says_missing.ipynb: a recorded file is missing"),
+    "imports_repo": ([cell(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport mgpu_lib")],
+                     "ERROR", "imports_repo.ipynb: mgpu_lib was not imported from the installed"),
+    "stalls": ([cell("x = 1"), cell("import time\ntime.sleep(120)")], "FAILED",
+               "stalls.ipynb, cell 1: Timeout of 5 seconds exceeded"),
+}
+
+
+def test_the_harness_catches_each_planted_fault_in_one_nbval_run(installed, tmp_path):
+    """Test the test: `pytest --nbval` (the root conftest's Colab way) passes a page that runs
+    alone, and fails a page whose output differs, that reads ../, that says a record is missing,
+    that imports the repository's mgpu_lib, or whose cell stalls (named with its page and cell)."""
+    for name, (cells, _, _) in PLANTED.items():
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / f"{name}.ipynb")
+    env = dict(os.environ, MGPU_COLAB_SITE=str(installed))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "--nbval", "--nbval-cell-timeout",
+         "5", "-rA", "--color=no",
+         *(str(tmp_path / f"{n}.ipynb") for n in PLANTED)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    seen: dict = {}
+    for m in re.finditer(r"^(PASSED|FAILED|ERROR) \S*?(\w+)\.ipynb::Cell \d+", run.stdout, re.M):
+        seen.setdefault(m.group(2), set()).add(m.group(1))
+    for name, (_, outcome, says) in PLANTED.items():
+        worst = next((o for o in ("ERROR", "FAILED", "PASSED") if o in seen.get(name, ())), None)
+        assert worst == outcome, f"{name}: {worst}\n{run.stdout[-3000:]}"
+        assert says in run.stdout, f"{name}: the report does not say {says!r}"
+
+
+def run_alone(notebook: Path, site: Path, folder: Path, profile: str,
+              timeout: int = 600) -> str:
+    """Execute a copy of `notebook` alone in the empty `folder`, `site` alone on the path; the
+    text of its outputs. An error, a stall (naming the cell) or an import from elsewhere fails."""
     folder.mkdir(parents=True, exist_ok=True)
-    nb = nbformat.read(shutil.copy(notebook, folder), as_version=4)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(
-        "import mgpu_lib, pathlib\n"
-        f"assert pathlib.Path(mgpu_lib.__file__).is_relative_to({str(site)!r}), "
-        "mgpu_lib.__file__"))
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(ORIGIN.format(site=str(site))))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(site), MGPU_PROFILE=profile)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(folder)}})
+    cells = {}
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}},
+                            on_cell_execute=lambda cell, cell_index: cells.update(i=cell_index))
     try:
         client.execute(env=env)
+    except CellTimeoutError:
+        pytest.fail(f"{notebook.name}: cell {cells['i']} ran past {timeout} s under {profile}")
     except CellExecutionError as e:
-        return [f"{notebook.name}: {str(e).strip().splitlines()[-1]}"]
-    text = "\n".join(str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    if outputs is not None:
-        outputs.append(text)
-    return [f"{notebook.name}: a recorded file is missing"] if MISSING.search(text) else []
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_each_notebook_runs_alone_from_the_installed_package(notebook, installed, tmp_path):
-    assert run_alone(notebook, installed, tmp_path / "content") == []
-
-
-def test_the_simulation_catches_a_page_that_reads_the_repository(installed, tmp_path):
-    """Test the test: a page that reads ../results fails, as it would in Colab."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import json\nrecords = json.load(open('../results/ex1_cpu.json'))")])
-    planted = tmp_path / "planted.ipynb"
-    nbformat.write(nb, planted)
-    problems = run_alone(planted, installed, tmp_path / "content")
-    assert problems and "FileNotFoundError" in problems[0], problems
-
-
-@pytest.mark.parametrize("line", ["The recorded benchmarks (bench_cpu.jsonl) were not found.",
-                                  "The recorded accuracy study (accuracy_cpu.jsonl) was not found."])
-def test_the_simulation_catches_a_missing_record(installed, tmp_path, line):
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"print({line!r})")])
-    planted = tmp_path / "planted.ipynb"
-    nbformat.write(nb, planted)
-    assert run_alone(planted, installed, tmp_path / "content") == \
-        ["planted.ipynb: a recorded file is missing"]
+        pytest.fail(f"{notebook.name}: {str(e).strip().splitlines()[-1]}")
+    return "\n".join(str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
 # What a page must show under `cpu` when it reads its records instead of training.
@@ -95,20 +105,16 @@ RECORDED_UNDER_CPU = {
 
 @pytest.mark.parametrize("stem", sorted(RECORDED_UNDER_CPU))
 def test_under_cpu_the_recorded_pages_show_their_records_without_training(stem, installed,
-                                                                          tmp_path):
-    """In Colab without a GPU (`cpu`), page 05 shows its recorded tables and ex1 its recorded
+                                                                          tmp_path, monkeypatch):
+    """In Colab without a GPU (`cpu`), page 06 shows its recorded tables and ex1 its recorded
     sweep; nothing is retrained: the shipped records are byte for byte the same afterwards, and
     no real data is offered, so any training would fail (`cpu` refuses synthetic data)."""
-    records = sorted((installed / "mgpu_lib" / "results").glob("*.jsonl"))
+    records = sorted((installed / "mgpu_lib").rglob("*.jsonl"))
     before = [p.read_bytes() for p in records]
+    monkeypatch.delenv("MGPU_FASHION_MNIST_DIR", raising=False)
     notebook = next(p for p in NOTEBOOKS if p.stem == stem)
-    saved = os.environ.pop("MGPU_FASHION_MNIST_DIR", None)
-    try:
-        outputs: list = []
-        assert run_alone(notebook, installed, tmp_path / "content", "cpu", outputs) == []
-    finally:
-        if saved is not None:
-            os.environ["MGPU_FASHION_MNIST_DIR"] = saved
-    for text in RECORDED_UNDER_CPU[stem]:
-        assert text in outputs[0], f"{stem} under cpu does not show: {text}"
+    text = run_alone(notebook, installed, tmp_path / "content", "cpu")
+    assert not MISSING.search(text), f"{stem} says a record is missing"
+    for words in RECORDED_UNDER_CPU[stem]:
+        assert words in text, f"{stem} under cpu does not show: {words}"
     assert [p.read_bytes() for p in records] == before, "a record was retrained and appended"

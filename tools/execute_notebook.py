@@ -1,21 +1,28 @@
-"""Execute notebooks in place under a profile, and store clean outputs for the book.
+"""Execute notebooks under a profile, and store clean outputs for the book.
 
     MGPU_FASHION_MNIST_DIR=... .venv/bin/python tools/execute_notebook.py --profile cpu chapters/*.ipynb
+    .venv/bin/python tools/execute_notebook.py --profile smoke --out /tmp/run exercises/ex1*.ipynb
 
-After execution it drops progress-bar widgets (their live view means nothing in a static page)
-and refuses to save a notebook whose outputs hold a traceback or a machine path.
+In place by default; with `--out DIR` each notebook is copied alone into DIR/<stem>/ and runs
+there, the original untouched. After execution it drops progress-bar widgets (their live view
+means nothing in a static page) and refuses to save a notebook whose outputs hold a traceback or
+a machine path. A cell that runs past `--timeout` stops the run with one line naming the page and
+the cell; `--slowest N` lists the N slowest cells of each page.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -46,18 +53,40 @@ def clean(nb) -> list[str]:
     return problems
 
 
-def execute(path: Path, profile: str, timeout: int) -> float:
+def first_line(cell) -> str:
+    return next((line for line in cell.source.splitlines() if line.strip()), "")[:60]
+
+
+def execute(path: Path, profile: str, timeout: int, out: Optional[Path] = None) -> list:
+    """Run `path` (or its copy in `out`/<stem>/) and save it; (seconds, cell index) per code cell.
+
+    A cell past `timeout` seconds is a SystemExit naming the page and the cell.
+    """
+    if out is not None:
+        folder = out / path.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        path = Path(shutil.copy(path, folder))
     nb = nbformat.read(path, as_version=4)
     os.environ["MGPU_PROFILE"] = profile
-    t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    seconds = time.perf_counter() - t0
+    times, started = [], {}
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        on_cell_execute=lambda cell, cell_index: started.update(t=time.perf_counter(),
+                                                                i=cell_index),
+        on_cell_executed=lambda cell, cell_index, **_: times.append(
+            (time.perf_counter() - started["t"], cell_index)))
+    try:
+        client.execute()
+    except CellTimeoutError:
+        cell = nb.cells[started["i"]]
+        raise SystemExit(f"{path.name}: cell {started['i']} ({first_line(cell)!r}) ran past "
+                         f"the {timeout} s per-cell timeout under profile {profile}") from None
     problems = clean(nb)
     if problems:
         raise SystemExit(f"{path}: not saved: " + "; ".join(problems))
     nbformat.write(nb, path)
-    return seconds
+    return times
 
 
 def main() -> int:
@@ -65,10 +94,17 @@ def main() -> int:
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "full"])
     p.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    p.add_argument("--out", type=Path, help="run copies in this folder, not in place")
+    p.add_argument("--slowest", type=int, default=0, help="list this many slowest cells")
     args = p.parse_args()
     for path in args.notebooks:
-        seconds = execute(path, args.profile, args.timeout)
-        print(f"{path}: executed under profile {args.profile} in {seconds:.0f} s")
+        t0 = time.perf_counter()
+        times = execute(path, args.profile, args.timeout, args.out)
+        print(f"{path}: executed under profile {args.profile} in "
+              f"{time.perf_counter() - t0:.0f} s")
+        nb = nbformat.read(path, as_version=4)
+        for seconds, i in sorted(times, reverse=True)[:args.slowest]:
+            print(f"    cell {i}: {seconds:5.1f} s  {first_line(nb.cells[i])}")
     return 0
 
 
