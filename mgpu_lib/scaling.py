@@ -3,12 +3,11 @@
 A step is compute (images x FLOPs per image / achieved FLOP/s), communication (what the
 strategy moves over the link) and overhead (launching kernels, Python threads, the optimizer's
 memory traffic). Everything here is a pure function of numbers: no torch, no model, no GPU.
-`calibrate` fits the compute rate and per-step overhead from measured (batch, seconds) pairs, so
-the model is checked on the hardware at hand before it is trusted for hardware that is absent.
+`evidence` fits what the datasheets cannot give (the achieved rate, DataParallel's Python) to
+the published runs and to measurements here, and gives each prediction its band.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
@@ -53,6 +52,9 @@ DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
     DeviceSpec("H200 SXM", 67.0, 989.0, "bf16", 4800.0, 141.0,
                "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 1,979 TFLOP/s "
                "BF16 tensor with sparsity (989 dense), 4.8 TB/s HBM3e"),
+    DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0, 24.0,
+               "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): 82.6 TFLOP/s "
+               "FP32, 165.2 TFLOP/s BF16 tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X"),
 ]}
 
 LINKS: dict[str, LinkSpec] = {s.name: s for s in [
@@ -67,6 +69,13 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
              "NVIDIA A100 datasheet: NVLink 600 GB/s total, i.e. 300 GB/s per direction"),
     LinkSpec("NVLink 4 (H100/H200)", 450.0, 2e-6,
              "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total, i.e. 450 GB/s per direction"),
+    # GeForce RTX 40 cards have peer-to-peer disabled: every GPU-to-GPU byte is staged through
+    # host memory, and NCCL's collectives (DataParallel's broadcast and reduce use them) reach
+    # far less than the wire there.
+    LinkSpec("PCIe, no P2P (staged through host)", 2.0, 20e-6,
+             "d2l-neu's build machine, 4x RTX 4090 without P2P (github.com/smolix/d2l-neu, "
+             "chapter_computational-performance/hardware.md): a large GPU-to-GPU copy ~20 GB/s, "
+             "NCCL 'a couple of GB/s of effective bus bandwidth' on the staged path"),
 ]}
 
 
@@ -74,7 +83,13 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
 def spec_for_name(name: str) -> Optional[DeviceSpec]:
     """The datasheet whose model (the key's first word, e.g. "H200") is in a device name such
     as torch.cuda.get_device_name() gives; None for a device this book has no figures for."""
-    return next((spec for key, spec in DEVICES.items() if key.split()[0] in name), None)
+    return next((spec for key, spec in DEVICES.items() if _model_token(key) in name), None)
+
+
+def _model_token(key: str) -> str:
+    """The word of a datasheet key that names the chip: its first word holding a digit
+    ("RTX 4090" -> "4090", "V100 SXM2" -> "V100"), so "RTX" alone matches nothing."""
+    return next(w for w in key.split() if any(c.isdigit() for c in w))
 
 # Not a datasheet figure: gloo between processes on one machine goes through loopback TCP and
 # shared memory. An assumption for the CPU check, where the model is tiny and this hardly matters.
@@ -91,6 +106,7 @@ class Workload:
     bytes_per_param: int = 4            # fp32 gradients
     input_bytes: int = 28 * 28 * 4      # one float32 image
     output_bytes: int = 10 * 4          # ten float32 logits
+    tensors: int = 127                  # parameters (76) and buffers (51) `replicate` copies
 
     @property
     def train_flops(self) -> float:
@@ -113,9 +129,28 @@ class Overheads:
     step_s: float = 2e-3         # launching ~200 kernels per step at ~10 us each
     thread_s: float = 2e-3       # DataParallel, per device and step: `replicate` rebuilds the
                                  # module in Python, and each replica's forward is launched from
-                                 # a Python thread under the GIL (assumed, not measured)
+                                 # a Python thread under the GIL: fitted to the published
+                                 # runs by `evidence.fit` (this default is the old assumption)
+    tensor_s: float = 17e-6      # DataParallel, per device, step and parameter/buffer tensor:
+                                 # the Python of `replicate` (measured here: module copies of
+                                 # the chapter's net, 2.16 ms for 127 tensors, 2-core AMD EPYC)
     overlap: float = 0.5         # DDP: share of backward time that can hide the all-reduce
     optimizer_passes: float = 3  # SGD reads params and grads, writes params: 3 x bytes / mem BW
+
+
+# The chapter's input pipeline (d2l's loader: a PIL image and `ToTensor` per image, in
+# `d2l.get_dataloader_workers()` = 4 worker processes). Measured here with
+# `chapter.chapter_loader(..., num_workers=0)`, batch 256, best of 3, on the shared 2-core AMD
+# EPYC: seconds per image at 28 px, and at 64 px with `Resize(64)` first. A faster host does
+# better; `diagnose.loader_images_per_s` times the loader on the machine at hand.
+CHAPTER_LOADER_S = {28: 227e-6, 64: 444e-6}
+D2L_LOADER_WORKERS = 4
+
+
+def loader_rate(image_size: int = 28, workers: int = D2L_LOADER_WORKERS) -> float:
+    """Images per second the chapter's loader delivers with `workers` processes (each on a
+    core of its own: the rate per process times the processes)."""
+    return workers / CHAPTER_LOADER_S[image_size]
 
 
 @dataclass(frozen=True)
@@ -180,6 +215,12 @@ def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
     return collectives + scatter_gather
 
 
+def dp_python_s(w: Workload, n: int, o: Overheads) -> float:
+    """DataParallel's Python every step: per device, `replicate` copies each parameter and
+    buffer tensor into a new module tree, and a thread launches that replica's forward."""
+    return n * (o.thread_s + w.tensors * o.tensor_s) if n > 1 else 0.0
+
+
 def compute_rate(spec: DeviceSpec, w: Workload, mfu: float) -> float:
     """Images per second one device trains at `mfu` of its FP32 peak."""
     return spec.fp32_tflops * 1e12 * mfu / w.train_flops
@@ -215,19 +256,22 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
         hidden = min(raw, o.overlap * backward)
         return StepTime(accumulate * compute, raw - hidden, accumulate * o.step_s + optimizer,
                         hidden)
-    threads = o.thread_s * n_devices if n_devices > 1 else 0.0
+    threads = dp_python_s(w, n_devices, o)
     return StepTime(compute, dp_comm_s(w, n_devices, per_device, link),
                     o.step_s + optimizer + threads)
 
 
 def predict_epoch_time(n_devices: int, global_batch: int, num_images: int, spec: DeviceSpec,
-                       link: LinkSpec, strategy: str = "ddp", **kw) -> float:
-    """Seconds per epoch: ceil(images / global batch) steps (the last one may be short)."""
+                       link: LinkSpec, strategy: str = "ddp", *,
+                       loader_images_per_s: Optional[float] = None, **kw) -> float:
+    """Seconds per epoch: ceil(images / global batch) steps (the last one may be short).
+    The loader's workers prepare batches while the GPUs train, so a loader rate (images/s, e.g.
+    `CHAPTER_LOADER_S` per image per worker) bounds the epoch rather than adding to it."""
     full, rest = divmod(num_images, global_batch)
     t = full * predict_step_time(n_devices, global_batch, spec, link, strategy, **kw).total
     if rest:
         t += predict_step_time(n_devices, rest, spec, link, strategy, **kw).total
-    return t
+    return max(t, num_images / loader_images_per_s) if loader_images_per_s else t
 
 
 def scaling_efficiency(t1: float, tn: float, n: int) -> float:
@@ -255,68 +299,9 @@ def scaling_table(ns: Sequence[int], spec: DeviceSpec, link: LinkSpec, *,
     return rows
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """step seconds = step_s + batch / images_per_second, fitted by least squares."""
-    images_per_second: float
-    step_s: float
-    rms_error_s: float
-
-    def step_time(self, batch: float) -> float:
-        return self.step_s + batch / self.images_per_second
-
-    def achieved_tflops(self, workload: Workload = RESNET18) -> float:
-        return self.images_per_second * workload.train_flops / 1e12
-
-
-def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
-    """Fit (per-device batch, step seconds) pairs with a line; the intercept is the per-step
-    overhead, the slope the seconds per image. Where the line cannot be trusted (one batch size,
-    a negative intercept, or noise making time fall with batch), fall back to a line through the
-    origin: all cost per image, which is always positive for positive measurements."""
-    pts = [(float(b), float(t)) for b, t in measurements]
-    if not pts or any(b <= 0 or t <= 0 for b, t in pts):
-        raise ValueError("calibrate needs positive (batch, seconds) measurements")
-    n = len(pts)
-    mb, mt = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
-    spread = sum((b - mb) ** 2 for b, _ in pts)
-    slope = sum((b - mb) * (t - mt) for b, t in pts) / spread if spread else 0.0
-    step_s = mt - slope * mb
-    if slope <= 0 or step_s < 0:
-        step_s, slope = 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
-    rms = math.sqrt(sum((step_s + slope * b - t) ** 2 for b, t in pts) / n)
-    return Calibration(1.0 / slope, step_s, rms)
-
-
-def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
-    """For each measurement: calibrate on the others, predict it, report the relative error.
-    An honest check: no point is predicted by a fit that has seen it."""
-    rows = []
-    for i, (b, t) in enumerate(measurements):
-        rest = [m for j, m in enumerate(measurements) if j != i]
-        pred = calibrate(rest).step_time(b)
-        rows.append(dict(batch=b, measured_s=t, predicted_s=pred, error=(pred - t) / t))
-    return rows
-
-
-def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
-             cores: int = 1) -> DeviceSpec:
-    """A DeviceSpec for a CPU from its calibrated rate (split across `cores` worker processes):
-    its 'peak' is what it achieved, so use it with mfu=1."""
-    tflops = cal.achieved_tflops(workload) / cores
-    return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
-
-
 def with_link_bandwidth(link: LinkSpec, gbs: float) -> LinkSpec:
     """The same link at another bandwidth (e.g. what NCCL really reaches on a shared switch)."""
     return replace(link, gbs=gbs, name=f"{link.name} at {gbs:g} GB/s")
-
-
-def calibrated_overheads(cal: Calibration) -> Overheads:
-    """Overheads for predictions from a calibration: its intercept is the whole per-step cost
-    (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
-    return Overheads(mfu=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0,
-                     optimizer_passes=0.0)
 
 
 SCALING_COLUMNS = ("devices", "global batch", "per device", "DP s / epoch", "DP efficiency",

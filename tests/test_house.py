@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_lib"
 FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
      "style", "published"},
-    {"switches", "chapter", "profiles", "verdict"},                             # the loop's parts
+    {"switches", "chapter", "profiles", "verdict", "evidence"},                             # the loop's parts
     {"train"},                                                                  # the loop
     {"ddp", "hetero"},                                                          # engines
     {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages"},        # experiments

@@ -54,8 +54,9 @@ from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync,   
 from mgpu_lib.model import TRAIN_FLOPS_FACTOR, forward_flops, num_params, resnet18  # noqa: E402
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile    # noqa: E402
 from mgpu_lib.results import RECORDED, ResultsError, append, check_writable     # noqa: E402
-from mgpu_lib.scaling import (DEVICES, LINKS, Calibration, DeviceSpec, Workload,  # noqa: E402
-                              calibrate, leave_one_out, predict_step_time, spec_for_name)
+from mgpu_lib.evidence import Calibration, calibrate, leave_one_out               # noqa: E402
+from mgpu_lib.scaling import (DEVICES, LINKS, DeviceSpec, Workload,  # noqa: E402
+                              predict_step_time, spec_for_name)
 from mgpu_lib.split import best_split, predict_hetero_step, shard_grid         # noqa: E402
 from mgpu_lib.switches import EVAL_BATCH, resolve_switches                     # noqa: E402
 from mgpu_lib import results                                                   # noqa: E402
