@@ -228,30 +228,31 @@ def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
     return round(base_lr * batch / base_batch, 12)
 
 
-def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
-    """Linear warmup from lr/warmup_steps at step 0 to `lr` at `warmup_steps`, then constant."""
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Linear warmup: (step + 1) / warmup_steps of the lr before `warmup_steps`, then all of it."""
     if warmup_steps <= 0 or step >= warmup_steps:
-        return lr
-    return lr * (step + 1) / warmup_steps
+        return 1.0
+    return (step + 1) / warmup_steps
 
 
-class WarmupSGD(torch.optim.SGD):
-    """Plain SGD whose lr follows `warmup_lr` step by step."""
+def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
+    """The lr of optimizer step `step` (from 0): `lr` scaled by `warmup_factor`."""
+    return lr * warmup_factor(step, warmup_steps)
 
-    def __init__(self, params, lr: float, warmup_steps: int):
-        super().__init__(params, lr=lr)
-        self.peak_lr, self.warmup_steps, self.steps_done = lr, warmup_steps, 0
 
-    def step(self, closure=None):
-        for group in self.param_groups:
-            group["lr"] = warmup_lr(self.steps_done, self.peak_lr, self.warmup_steps)
-        self.steps_done += 1
-        return super().step(closure)
+def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
+    """Plain SGD whose lr follows `warmup_lr`: torch's `LambdaLR`, advanced after every step
+    the optimizer takes (a step hook, so the epoch loop needs no scheduler call)."""
+    optimizer = torch.optim.SGD(params, lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_factor(step, warmup_steps))
+    optimizer.register_step_post_hook(lambda *_: schedule.step())
+    return optimizer
 
 
 def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
     """`train` with SGD's lr warmed up linearly over the first `warmup_epochs` epochs."""
     def make_optimizer(params, steps_per_epoch):
-        return WarmupSGD(params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch))
+        return warmup_sgd(params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch))
     return train(config, data=data, progress=False, make_optimizer=make_optimizer,
                  extra={"warmup_epochs": warmup_epochs})

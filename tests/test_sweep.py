@@ -12,8 +12,8 @@ from mgpu_lib import results
 from mgpu_lib.__main__ import main
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.results import summarize
-from mgpu_lib.sweep import (WarmupSGD, expand, linear_scaled_lr, load_store, point_key, sweep,
-                            train_warmup, warmup_lr)
+from mgpu_lib.sweep import (expand, linear_scaled_lr, load_store, point_key, sweep, train_warmup,
+                            warmup_lr, warmup_sgd)
 from mgpu_lib.train import TrainConfig, TrainResult, train
 
 BASE = TrainConfig(batch_size=32, lr=0.1, num_epochs=2, width=4, train_limit=256, test_limit=64,
@@ -156,15 +156,21 @@ def test_linear_scaling_and_warmup_arithmetic():
 
 
 def test_warmup_sgd_follows_the_schedule():
+    """torch's LambdaLR, stepped by the optimizer's own hook, gives the lr that `warmup_lr` (the
+    hand-written rule WarmupSGD applied) gives, step for step, and SGD moves by it."""
     w = torch.nn.Parameter(torch.zeros(1))
-    opt = WarmupSGD([w], lr=0.4, warmup_steps=2)
-    steps = []
-    for _ in range(3):
+    opt = warmup_sgd([w], lr=0.4, warmup_steps=4)
+    used, moved = [], []
+    opt.register_step_pre_hook(lambda o, *_: used.append(o.param_groups[0]["lr"]))
+    for _ in range(7):
         w.grad = torch.ones(1)
         before = w.item()
         opt.step()
-        steps.append(before - w.item())
-    assert steps == pytest.approx([0.2, 0.4, 0.4])
+        moved.append(before - w.item())
+    assert used == [warmup_lr(s, 0.4, 4) for s in range(7)]
+    assert used == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4, 0.4], abs=1e-15)
+    assert moved == pytest.approx(used, rel=1e-6)       # float32 weights
+    assert [g["lr"] for g in warmup_sgd([w], lr=0.4, warmup_steps=0).param_groups] == [0.4]
 
 
 def test_train_warmup_runs_and_records_warmup():
@@ -236,21 +242,37 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, where):
 
 
 SWEEP_ONE = """
-import sys
-from mgpu_lib.train import TrainConfig
-from mgpu_lib.sweep import sweep
+import sys, time
+from pathlib import Path
 sys.path.insert(0, {tests!r})
+from mgpu_lib.sweep import load_store, sweep
 from test_sweep import BASE, FakeTrain
-sweep(BASE, {{"lr": {lrs}}}, seeds=(0, 1), store={store!r}, train_fn=FakeTrain())
+
+class Lockstep(FakeTrain):
+    # Point i trains only once the other sweep has reached its point i too, so both have
+    # stored every earlier point by then: their appends interleave, every time.
+    def __call__(self, config, **options):
+        i = len(self.calls)
+        Path({sync!r}, f"{name}-{{i}}").touch()
+        deadline = time.monotonic() + 60
+        while not Path({sync!r}, f"{other}-{{i}}").exists():
+            assert time.monotonic() < deadline, "the other sweep never reached point %d" % i
+            time.sleep(0.01)
+        assert len(load_store({store!r})) >= 2 * i, "an earlier point is missing"
+        return super().__call__(config, **options)
+
+sweep(BASE, {{"lr": {lrs}}}, seeds=(0, 1), store={store!r}, train_fn=Lockstep())
 """
 
 
 def test_two_sweeps_writing_one_store_keep_every_point(tmp_path):
-    """Before: each sweep rewrote the store from its own memory; 4 of 8 points were kept."""
-    store = str(tmp_path / "shared.jsonl")
+    """Before: each sweep rewrote the store from its own memory; 4 of 8 points were kept. The
+    two sweeps run in lock step, so their writes overlap in every run of this test."""
+    store, sync = str(tmp_path / "shared.jsonl"), tmp_path / "sync"
+    sync.mkdir()
     jobs = [subprocess.Popen([sys.executable, "-c", SWEEP_ONE.format(
-        tests=str(Path(__file__).parent), lrs=lrs, store=store)])
-        for lrs in ([0.1, 0.2], [0.3, 0.4])]
+        tests=str(Path(__file__).parent), lrs=lrs, store=store, sync=str(sync), name=name,
+        other=other)]) for lrs, name, other in (([0.1, 0.2], "a", "b"), ([0.3, 0.4], "b", "a"))]
     assert [j.wait(120) for j in jobs] == [0, 0]
     assert sorted((r.config["lr"], r.seed) for r in load_store(store)) == \
         [(lr, s) for lr in (0.1, 0.2, 0.3, 0.4) for s in (0, 1)]
