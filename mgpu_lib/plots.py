@@ -10,7 +10,6 @@ import textwrap
 from typing import Optional, Sequence
 
 from .results import mean_std_se, summarize
-from .scaling import ring_allreduce_steps
 from .style import integer_ticks, legend_below, title as set_title
 
 
@@ -117,33 +116,6 @@ def plot_split_curve(counts: Sequence[int], predicted: Sequence[float],
     legend_below(ax, ncol=1)
     set_title(ax, title)
     return ax
-
-
-def draw_split(speeds: Sequence[float], splits: dict, sync_s: float, *,
-               names: Sequence[str], title: str = ""):
-    """A timeline per split: each device's shard as a bar (its length is samples / speed),
-    then the sync. Idle time is the gap before the sync. Returns the figure."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(splits), 1, figsize=(6.5, 1.3 + 1.1 * len(splits)),
-                             sharex=True, squeeze=False)
-    for ax, (label, sizes) in zip(axes[:, 0], splits.items()):
-        ends = [n / s if n else 0.0 for n, s in zip(sizes, speeds)]
-        busy = sum(n > 0 for n in sizes)
-        end = max(ends)
-        for k, (n, t) in enumerate(zip(sizes, ends)):
-            ax.barh(k, 1e3 * t, color=f"C{k}")
-            ax.text(1e3 * t, k, f" {n} samples", va="center", fontsize=8)
-            if busy > 1:
-                ax.barh(k, 1e3 * sync_s, left=1e3 * end, color="gray", hatch="//", alpha=0.5)
-        ax.set_yticks(range(len(sizes)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_title(f"{label}: {1e3 * (end + (sync_s if busy > 1 else 0)):.1f} ms per step",
-                     fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("ms per step: bar = compute, gray hatched = sync")
-    if title:
-        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-    fig.tight_layout()
-    return fig
 
 
 def plot_pipelines(results: Sequence, compute_ips: float, *, title: str = "", ax=None):
@@ -280,38 +252,6 @@ def plot_step_breakdown(steps: dict, *, ax=None, title: str = ""):
 
 
 # --- DDP (chapter 4): a ring all-reduce, step by step ------------------------------------------
-
-def draw_ring_allreduce(n: int = 4, *, title: str = ""):
-    """Each panel is one step of a ring all-reduce over `n` ranks (rows) and `n` gradient
-    chunks (columns); a cell says how many ranks' gradients that copy of the chunk sums, and
-    the cells that just arrived are outlined. Returns the figure."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-    steps = ring_allreduce_steps(n)
-    cols = (len(steps) + 1) // 2
-    fig, axes = plt.subplots(2, cols, figsize=(1.7 * cols + 0.6, 4.6))
-    previous = steps[0][1]
-    for ax, (label, counts) in zip(axes.flat, steps):
-        ax.imshow(counts, cmap="Blues", vmin=0, vmax=n + 1)
-        for r in range(n):
-            for c in range(n):
-                ax.text(c, r, counts[r][c], ha="center", va="center", fontsize=10,
-                        color="white" if counts[r][c] == n else "black")
-                if counts[r][c] != previous[r][c]:
-                    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=2,
-                                           ec="C3"))
-        previous = counts
-        ax.grid(False)
-        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=8)
-        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8)
-        ax.tick_params(length=0, labelleft=ax in axes[:, 0])
-        ax.set_title(label.replace(" ", "\n", 1), fontsize=9)
-    for ax in axes.flat[len(steps):]:
-        ax.axis("off")
-    fig.suptitle(title or f"Ring all-reduce over {n} ranks (red: just received)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
 
 def plot_seed_curves(records: Sequence, batch_size: int, lr: float, *, title: str = "",
                      ax=None):
