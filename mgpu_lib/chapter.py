@@ -3,8 +3,8 @@ time it against.
 
 - `lazy_resnet18` and `chapter_init_weights`: the network as the chapter builds it, with lazy
   layers that its `type(m) in [nn.Linear, nn.Conv2d]` init skips;
-- `load_data_fashion_mnist`: its input pipeline, a `DataLoader` with 4 worker processes that
-  turns every image into a PIL image and back through `ToTensor`;
+- `chapter_loader`: its input pipeline (`load_data_fashion_mnist`), a `DataLoader` with 4
+  worker processes that turns every image into a PIL image and back through `ToTensor`;
 - `train`, `chapter_step` and `evaluate_accuracy_gpu`: its training loop, line by line.
 This book's own versions (`model.resnet18`, `data.load_fashion_mnist`, `train.train`) fix what
 goes wrong here. `load_fashion_mnist_chapter` is the same pipeline with the image order and the
@@ -191,22 +191,6 @@ def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, 
                          drop_last=shuffle and len(dataset) >= batch_size,
                          num_workers=workers, generator=torch.Generator().manual_seed(seed),
                          source=source)
-
-
-def load_data_fashion_mnist(batch_size: int, *, source: str = "auto",
-                            train_limit: Optional[int] = None, test_limit: Optional[int] = None,
-                            allow_synthetic: bool = False, num_workers: Optional[int] = None
-                            ) -> tuple[ChapterLoader, ChapterLoader]:
-    """D2L's `load_data_fashion_mnist(batch_size)`: `ToTensor` per image, `shuffle=True` for
-    training, `get_dataloader_workers()` = 4 workers (capped at the cores here), every batch
-    kept."""
-    xtr, ytr, xte, yte, origin = load_subsets(source, None, allow_synthetic, train_limit,
-                                              test_limit)
-    workers = chapter_workers(num_workers)
-    return (ChapterLoader(PILImages(xtr, ytr), batch_size, shuffle=True, num_workers=workers,
-                          source=origin),
-            ChapterLoader(PILImages(xte, yte), batch_size, shuffle=False, num_workers=workers,
-                          source=origin))
 
 
 def chapter_step(net: nn.Module, trainer, loss, device):

@@ -1,7 +1,9 @@
+import pytest
 import torch
 from torch import nn
 
-from mgpu_lib.model import Residual, block_shapes, forward_flops, init_weights, num_params, resnet18
+from mgpu_lib.model import (TRAIN_FLOPS_FACTOR, Residual, block_shapes, forward_flops,
+                            init_weights, num_params, resnet18, train_flops)
 
 
 def test_block_shapes_match_the_chapter():
@@ -47,8 +49,40 @@ def test_residual_projection_changes_shape():
     assert blk(torch.zeros(2, 3, 8, 8)).shape == (2, 6, 4, 4)
 
 
-def test_forward_flops_about_0_91_gflop():
-    flops = forward_flops(resnet18())
-    assert 0.90e9 < flops < 0.92e9
+def hand_count(net: nn.Module) -> int:
+    """Forward FLOPs per image counted layer by layer with hooks (what model.py did before):
+    2 x kernel area x input channels per convolution output, 2 x in x out per linear layer."""
+    total = 0
+
+    def conv(m, inp, out):
+        nonlocal total
+        total += 2 * m.kernel_size[0] * m.kernel_size[1] * m.in_channels * out[0].numel()
+
+    def linear(m, inp, out):
+        nonlocal total
+        total += 2 * m.in_features * m.out_features
+    hooks = [m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else linear)
+             for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    block_shapes(net)
+    for h in hooks:
+        h.remove()
+    return total
+
+
+@pytest.mark.parametrize("width", [64, 8])
+def test_flop_counter_agrees_with_the_hand_count(width):
+    """torch's FlopCounterMode gives the hand count's forward FLOPs exactly, and for a training
+    step 3x that less the stem's input gradient (the one product nothing needs)."""
+    net = resnet18(width=width)
+    hand = hand_count(net)
+    assert forward_flops(net) == hand
+    stem_input_grad = 2 * 3 * 3 * 1 * width * 28 * 28
+    assert train_flops(net) == TRAIN_FLOPS_FACTOR * hand - stem_input_grad
+    if width == 64:
+        assert hand == 911_601_664                  # scaling.Workload's 0.9116e9
+    assert all(p.device.type == "cpu" for p in net.parameters())   # counted on a meta copy
+
+
+def test_forward_flops_scale_with_width():
     # Width scales FLOPs quadratically (except the 1-channel stem and the fc layer).
-    assert 14 < flops / forward_flops(resnet18(width=16)) < 17
+    assert 14 < forward_flops(resnet18()) / forward_flops(resnet18(width=16)) < 17
