@@ -24,7 +24,7 @@ from .bench import bench, format_bench
 from .data import DataError
 from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
-from .pages import prediction_rows
+from .pages import prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
 from .supervise import LOG
@@ -262,11 +262,13 @@ def cmd_worker(args) -> int:
 
 def cmd_pages(args) -> int:
     """The README's table: each page's predicted time on a Colab T4 and on a 2-core CPU."""
-    print("| page | T4, `full` as written | T4, `full` as run | cut to fit 15 min "
-          "| 2-core CPU, `cpu` |")
-    print("|---|---|---|---|---|")
-    for row in prediction_rows():
-        print("| " + " | ".join(map(str, row)) + " |")
+    try:
+        header, rows = prediction_header(), prediction_rows()
+    except ValueError as e:                      # MGPU_PAGE_BUDGET_MIN that is not a number
+        print(f"mgpu_lib pages: error: {e}", file=sys.stderr)
+        return 2
+    for line in header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]:
+        print(line)
     return 0
 
 

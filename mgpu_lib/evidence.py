@@ -9,6 +9,7 @@ every published figure from a fit that has not seen it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -164,6 +165,12 @@ def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overhea
                               r.sec_per_epoch, 0.0, 0.5))
     return Fit({k: _spread(v) for k, v in mfus.items()},
                _spread(threads) if threads else (base.thread_s,) * 3, base, run_mfu)
+
+
+@functools.lru_cache(maxsize=1)
+def published_fit() -> Fit:
+    """`fit` of the whole published table, computed once (every page's prediction asks)."""
+    return fit()
 
 
 def predict_row(row: PublishedRun, f: Fit) -> float:

@@ -7,9 +7,11 @@ seed, then fewer training images, then fewer epochs. It returns the lines the ce
 included, so a reader always knows what ran.
 
 The predictions come from a model, not from measurements:
-- a GPU with a datasheet in `scaling.DEVICES` trains a step in `scaling.predict_step_time`
-  (40% of its FP32 peak plus per-step overheads). Autocast is left out, so with tensor cores the
-  prediction errs long;
+- a GPU with a datasheet in `scaling.DEVICES` trains a step in `scaling.predict_step_time`, at
+  the fraction of its FP32 peak and DataParallel's Python per device that `evidence` fits to the
+  published runs; the low and high ends of those fits give the range (a GPU no published run
+  names gets the range of every fitted GPU). The trim aims at the middle. Autocast is left out,
+  so with tensor cores the prediction errs long;
 - a CPU trains at the fast-loop rate of the recorded 2-core benchmarks (`bench_cpu.jsonl`, fp32),
   scaled to the width by FLOPs. The slowest and the fastest recorded CPU give a range;
 - evaluating an image costs a third of training one (forward only);
@@ -17,10 +19,10 @@ The predictions come from a model, not from measurements:
 """
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -28,10 +30,10 @@ from typing import Optional, Sequence
 import torch
 
 from .devices import num_gpus
-from .model import forward_flops, num_params, resnet18
 from .profiles import Profile, active_profile, banner, get_profile
-from .results import read, recorded
-from .scaling import LINKS, Workload, predict_step_time, spec_for_name
+from .results import recorded
+from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds
+from .scaling import spec_for_name
 from .style import book_style
 from .train import TrainConfig
 
@@ -39,27 +41,6 @@ BUDGET_MIN = 15.0
 STARTUP_S = 20.0
 FULL_TRAIN, FULL_TEST = 60_000, 10_000
 MIN_TRAIN = 5_000           # trimming never goes below this many training images
-
-
-@dataclass(frozen=True)
-class Job:
-    """Training a page does: `runs` runs of `epochs` epochs, or `steps` loose steps (benchmarks)."""
-    what: str
-    runs: int
-    width: int
-    batch: int
-    epochs: int = 0
-    train_images: int = 0
-    test_images: int = 0
-    steps: int = 0
-
-    @property
-    def trained(self) -> float:
-        return self.runs * (self.epochs * self.train_images + self.steps * self.batch)
-
-    @property
-    def evaluated(self) -> float:
-        return self.runs * self.epochs * self.test_images
 
 
 @dataclass(frozen=True)
@@ -131,7 +112,8 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     if page == "03_dataparallel":
         jobs = [_run("one run, one device", p)]
         if gpus > 1:
-            jobs.append(_run("one run, all GPUs", p, batch=p.batch_size * gpus))
+            jobs.append(replace(_run("one run, all GPUs", p, batch=p.batch_size * gpus),
+                                devices=gpus))
         return jobs + [_run("batch sweep, base", p, seeds),
                        _run("batch sweep, 2 x batch", p, seeds, batch=2 * p.batch_size)]
     if page == "05_ddp":
@@ -173,49 +155,6 @@ def live_accuracy(p: Profile) -> bool:
     """Whether the Performance page trains both loops live. Not under `cpu`: there one pair takes
     minutes and its gap is within one seed's noise, and the recorded 20-seed study answers it."""
     return p.name != "cpu"
-
-
-@functools.lru_cache(maxsize=None)
-def _workload(width: int) -> Workload:
-    """The network of `width` as numbers, built (and run once, for its FLOPs) once per width:
-    a prediction and its trim ask for the same few widths many times."""
-    net = resnet18(width=width)
-    return Workload(params=num_params(net), forward_flops=forward_flops(net))
-
-
-def gpu_seconds(jobs: Sequence[Job], spec) -> float:
-    """Training seconds for `jobs` on one GPU of `spec`, by `scaling.predict_step_time`."""
-    total = 0.0
-    for j in jobs:
-        w = _workload(j.width)
-        step = predict_step_time(1, j.batch, spec, LINKS["PCIe gen3 x16"], "dp",
-                                 workload=w).total
-        total += step * j.trained / j.batch + (step * j.evaluated / j.batch) / w.train_factor
-    return total
-
-
-def cpu_rates() -> dict[str, dict[int, float]]:
-    """Achieved training FLOP/s of each recorded 2-core CPU's fast loop in fp32, by width."""
-    rates: dict[str, dict[int, float]] = {}
-    for r in read(recorded("bench_cpu.jsonl")):
-        fast = r["modes"]["fast"]
-        if r["device"] != "cpu" or "bf16" in fast["describe"]:
-            continue
-        cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
-        flops = fast["median"] * _workload(r["width"]).train_flops
-        rates.setdefault(cpu, {})[r["width"]] = flops
-    return rates
-
-
-def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
-    """Training seconds for `jobs` on a CPU that achieves `flops_by_width` (the recorded width
-    nearest each job's is used)."""
-    total = 0.0
-    for j in jobs:
-        rate = flops_by_width[min(flops_by_width, key=lambda w: abs(w - j.width))]
-        w = _workload(j.width)
-        total += (j.trained + j.evaluated / w.train_factor) * w.train_flops / rate
-    return total
 
 
 def trim(page: str, profile: Profile, seconds, budget_s: float,
@@ -283,26 +222,30 @@ def span(low: float, high: float) -> str:
 
 
 def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
-            gpus: int = 0) -> dict:
+            gpus: int = 0, budget: Optional[float] = None) -> dict:
     """The predicted run time of `page` under `profile`: on `gpu_name` (a CUDA device name) if
     given, else on the recorded CPUs. Keys: `seconds` (a (low, high) pair; None where no
-    datasheet matches), `profile` (trimmed to the budget on a GPU), `cuts`, `on`."""
+    datasheet matches), `profile` (trimmed to `budget` seconds, default `budget_s()`, on a
+    GPU), `cuts`, `on`, `budget_s`."""
+    budget = budget_s() if budget is None else budget
     if gpu_name:
         spec = spec_for_name(gpu_name)
         if spec is None:
-            return dict(seconds=None, profile=profile, cuts=[], on=gpu_name)
+            return dict(seconds=None, profile=profile, cuts=[], on=gpu_name, budget_s=budget)
 
         def seconds(jobs):
             return gpu_seconds(jobs, spec)
-        p, cuts = trim(page, profile, seconds, budget_s(), gpus or 1)
-        t = STARTUP_S + seconds(page_jobs(page, p, gpus or 1))
-        return dict(seconds=(t, t), profile=p, cuts=cuts, on=f"one {spec.name.split()[0]}")
+        p, cuts = trim(page, profile, seconds, budget, gpus or 1)
+        lo, hi = gpu_band(page_jobs(page, p, gpus or 1), spec)
+        on = f"{gpus} x {spec.name.split()[0]}" if gpus > 1 else f"one {spec.name.split()[0]}"
+        return dict(seconds=(STARTUP_S + lo, STARTUP_S + hi), profile=p, cuts=cuts, on=on,
+                    budget_s=budget)
     rates = cpu_rates()
     if not rates:
         return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
     times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]
     return dict(seconds=(min(times), max(times)), profile=profile, cuts=[],
-                on=f"a 2-core CPU like the {len(rates)} recorded")
+                on=f"a 2-core CPU like the {len(rates)} recorded", budget_s=budget)
 
 
 def expected_line(pred: dict) -> str:
@@ -311,7 +254,8 @@ def expected_line(pred: dict) -> str:
         return f"expected: no prediction ({pred['on'][:32]} has no datasheet here)"
     line = f"expected: {span(*pred['seconds'])} on {pred['on']} (predicted)"
     if pred["cuts"]:
-        line += f"\ntrimmed to fit {budget_s() / 60:g} min:" + "".join(f"\n  {c}" for c in pred["cuts"])
+        line += (f"\ntrimmed to fit {pred['budget_s'] / 60:g} min:"
+                 + "".join(f"\n  {c}" for c in pred["cuts"]))
     return line
 
 
@@ -320,20 +264,35 @@ def setup_page(page: str) -> tuple[Profile, str]:
     on a GPU), and the lines to print: the banner and the expected time."""
     book_style()
     profile = active_profile()
+    try:                 # the same on every machine: a bad budget warns and keeps the default
+        budget = budget_s()
+    except ValueError as e:
+        warnings.warn(f"{e}; using {BUDGET_MIN:g} min", stacklevel=2)
+        budget = 60 * BUDGET_MIN
     gpus = num_gpus()
     name = torch.cuda.get_device_name(0) if gpus else None
-    pred = predict(page, profile, name, gpus)
+    pred = predict(page, profile, name, gpus, budget)
     return pred["profile"], banner(pred["profile"]) + "\n" + expected_line(pred)
 
 
-def prediction_rows(pages: Sequence[str] = PAGES) -> list[tuple]:
-    """For the README: each page's predicted time on a Colab T4 under `full` (trimmed and as
-    the profile has it) and on the recorded 2-core CPUs under `cpu`."""
+def prediction_header(budget: Optional[float] = None) -> list[str]:
+    """The Markdown header of `prediction_rows`' table, naming the budget it was cut to."""
+    budget = budget_s() if budget is None else budget
+    cut = f"cut to fit {budget / 60:g} min" if budget > 0 else "cuts (no budget)"
+    return [f"| page | T4, `full` as written | T4, `full` as run | {cut} | 2-core CPU, `cpu` |",
+            "|---|---|---|---|---|"]
+
+
+def prediction_rows(pages: Sequence[str] = PAGES, budget: Optional[float] = None) -> list[tuple]:
+    """For the README: each page's predicted time on a Colab T4 under `full` (trimmed to
+    `budget` seconds, and as the profile has it) and on the recorded 2-core CPUs under `cpu`.
+    T4 times are ranges over the fitted overheads (no published run names a T4)."""
     full, cpu = get_profile("full"), get_profile("cpu")
+    t4 = spec_for_name("T4")
     rows = []
     for page in pages:
-        as_is = predict(page, full, "Tesla T4", 1)
-        untrimmed = STARTUP_S + gpu_seconds(page_jobs(page, full, 1), spec_for_name("T4"))
-        rows.append((page, minutes(untrimmed), minutes(as_is["seconds"][0]),
+        as_is = predict(page, full, "Tesla T4", 1, budget)
+        untrimmed = [STARTUP_S + t for t in gpu_band(page_jobs(page, full, 1), t4)]
+        rows.append((page, span(*untrimmed), span(*as_is["seconds"]),
                      "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"])))
     return rows

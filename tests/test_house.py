@@ -10,7 +10,7 @@ FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
      "style", "published"},
     {"switches", "chapter", "profiles", "verdict", "evidence"},                             # the loop's parts
-    {"train"},                                                                  # the loop
+    {"train", "runtime"},                                                       # the loop
     {"ddp", "hetero"},                                                          # engines
     {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages"},        # experiments
     {"plots", "figures", "tables", "__main__"},                                 # faces

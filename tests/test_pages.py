@@ -126,6 +126,37 @@ def test_the_readme_table_rows():
     assert dict((r[0], r[3]) for r in rows)["01_network"] == "none"
 
 
+@pytest.mark.parametrize("minutes, says", [("30", "cut to fit 30 min"), ("7.5", "cut to fit 7.5 min"),
+                                           ("0", "cuts (no budget)")])
+def test_the_table_names_the_budget_it_was_cut_to(minutes, says, monkeypatch):
+    monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", minutes)
+    assert says in pages.prediction_header()[0]
+    pred = predict("ex1_hyperparameters", FULL, "Tesla T4", 1)
+    if pred["cuts"]:
+        assert f"trimmed to fit {minutes} min" in expected_line(pred)
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_bad_budget_warns_the_same_with_or_without_a_gpu(gpus, monkeypatch):
+    monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", "abc")
+    monkeypatch.setenv("MGPU_PROFILE", "cpu")
+    monkeypatch.setattr(pages, "num_gpus", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    with pytest.warns(UserWarning, match="MGPU_PAGE_BUDGET_MIN must be a number.*using 15 min"):
+        setup_page("03_dataparallel")
+
+
+def test_gpu_predictions_carry_the_fitted_band_and_use_every_gpu(monkeypatch):
+    monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
+    lo, hi = predict("05_ddp", FULL, "Tesla T4", 1)["seconds"]
+    assert lo < hi                                   # no published run names a T4: a range
+    one = page_jobs("03_dataparallel", FULL, 1)
+    two = page_jobs("03_dataparallel", FULL, 2)
+    assert [j.devices for j in two] == [1, 2, 1, 1] and len(one) == 3
+    pred = predict("03_dataparallel", FULL, "Tesla V100-SXM2-16GB", 2)
+    assert pred["on"] == "2 x V100" and pred["seconds"][0] < pred["seconds"][1]
+
+
 def test_the_chapter_network_differs_from_this_one_only_until_data_flows():
     rows = {what: (chapter, book) for what, chapter, book in model_differences(width=8)}
     assert rows["parameters before any data"] == ("unknown (ValueError)", "176,634")

@@ -1,0 +1,94 @@
+"""How long training takes: the one run-time predictor, used by the pages' setup cells and by
+`tools/gpu_check.py`.
+
+- on a GPU with a datasheet (`scaling.DEVICES`), `scaling.predict_step_time` at the overheads
+  `evidence` fits to the published runs: the middle for a single figure, the corners of the fit
+  for a (low, high) band;
+- on a CPU, the fast loop's rate recorded on 2-core machines (`bench_cpu.jsonl`, fp32), scaled
+  to the width by FLOPs;
+- evaluating an image costs a third of training one (forward only).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .evidence import published_fit
+from .model import forward_flops, num_params, resnet18
+from .results import read, recorded
+from .scaling import LINKS, DeviceSpec, Overheads, Workload, predict_step_time
+
+
+@dataclass(frozen=True)
+class Job:
+    """Training a page does: `runs` runs of `epochs` epochs, or `steps` loose steps (benchmarks)."""
+    what: str
+    runs: int
+    width: int
+    batch: int
+    epochs: int = 0
+    train_images: int = 0
+    test_images: int = 0
+    steps: int = 0
+    devices: int = 1            # GPUs the run uses (DataParallel)
+
+    @property
+    def trained(self) -> float:
+        return self.runs * (self.epochs * self.train_images + self.steps * self.batch)
+
+    @property
+    def evaluated(self) -> float:
+        return self.runs * self.epochs * self.test_images
+
+
+@functools.lru_cache(maxsize=None)
+def _workload(width: int) -> Workload:
+    """The network of `width` as numbers, built (and run once, for its FLOPs) once per width:
+    a prediction and its trim ask for the same few widths many times."""
+    net = resnet18(width=width)
+    return Workload(params=num_params(net), forward_flops=forward_flops(net))
+
+
+def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None) -> float:
+    """Training seconds for `jobs` on GPUs of `spec` (DataParallel over `job.devices`), by
+    `scaling.predict_step_time`, at `overheads` (default: the published runs' fit, middle)."""
+    o = overheads or published_fit().overheads(spec)
+    total = 0.0
+    for j in jobs:
+        w = _workload(j.width)
+        step = predict_step_time(j.devices, j.batch, spec, LINKS["PCIe gen3 x16"], "dp",
+                                 workload=w, overheads=o).total
+        total += step * j.trained / j.batch + (step * j.evaluated / j.batch) / w.train_factor
+    return total
+
+
+def cpu_rates() -> dict[str, dict[int, float]]:
+    """Achieved training FLOP/s of each recorded 2-core CPU's fast loop in fp32, by width."""
+    rates: dict[str, dict[int, float]] = {}
+    for r in read(recorded("bench_cpu.jsonl")):
+        fast = r["modes"]["fast"]
+        if r["device"] != "cpu" or "bf16" in fast["describe"]:
+            continue
+        cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
+        flops = fast["median"] * _workload(r["width"]).train_flops
+        rates.setdefault(cpu, {})[r["width"]] = flops
+    return rates
+
+
+def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
+    """Training seconds for `jobs` on a CPU that achieves `flops_by_width` (the recorded width
+    nearest each job's is used)."""
+    total = 0.0
+    for j in jobs:
+        rate = flops_by_width[min(flops_by_width, key=lambda w: abs(w - j.width))]
+        w = _workload(j.width)
+        total += (j.trained + j.evaluated / w.train_factor) * w.train_flops / rate
+    return total
+
+
+def gpu_band(jobs: Sequence[Job], spec: DeviceSpec) -> tuple[float, float]:
+    """(low, high) training seconds over the fitted overheads' corners."""
+    f = published_fit()
+    t = [gpu_seconds(jobs, spec, f.overheads(spec, c, c)) for c in (2, 0)]
+    return min(t), max(t)
