@@ -13,7 +13,7 @@ FLOORS = [
     {"train", "runtime"},                                                       # the loop
     {"ddp", "hetero"},                                                          # engines
     {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages"},        # experiments
-    {"plots", "figures", "tables", "__main__"},                                 # faces
+    {"plots", "figures", "tables", "diagnose", "__main__"},                     # faces
 ]
 FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
 
