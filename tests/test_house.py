@@ -9,11 +9,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_lib"
 FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
      "style", "published"},
-    {"switches", "chapter", "profiles", "verdict", "evidence"},                             # the loop's parts
+    {"switches", "chapter", "profiles", "verdict", "evidence",
+     "events"},                             # the loop's parts
     {"train", "runtime"},                                                       # the loop
     {"ddp", "hetero"},                                                          # engines
-    {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages"},        # experiments
-    {"plots", "figures", "tables", "diagnose", "__main__"},                     # faces
+    {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages",
+     "trace"},        # experiments
+    {"plots", "figures", "tables", "diagnose", "timeline",
+     "__main__"},                     # faces
 ]
 FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
 

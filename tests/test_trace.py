@@ -1,0 +1,272 @@
+"""The traced DDP run: reading a profiler trace, the overlap it measures, the figures drawn from
+stored events, and (slow) two real gloo processes with several buckets, one, and no_sync."""
+import contextlib
+import inspect
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from mgpu_lib import trace as trace_mod
+from mgpu_lib.devices import DeviceError, num_gpus
+from mgpu_lib.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
+                             mean_overlap, measure_overlap, overlap_rows, read_trace,
+                             save_events)
+from mgpu_lib.profiles import get_profile
+from mgpu_lib.timeline import draw_overlap, draw_timelines
+from mgpu_lib.trace import summary_lines
+from mgpu_lib.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace_ddp
+from mgpu_lib.train import TrainConfig
+
+
+def x(name, ts, dur, tid=1, cat="cpu_op", **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "cat": cat,
+            "args": args}
+
+
+def chrome_trace(path, events, meta=None):
+    doc = {"traceEvents": events}
+    if meta:
+        doc["otherData"] = {"mgpu": meta}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+BWD = "autograd::engine::evaluate_function: "
+
+
+def two_steps():
+    """Two steps of 1000 us: forward, three backward ops, an AccumulateGrad, a bucket all-reduce
+    on gloo's thread that starts inside backward, and the optimizer."""
+    ev = []
+    for s, t in enumerate((1000, 2000)):
+        ev += [x(f"ProfilerStep#{s + 2}", t, 1000, cat="user_annotation"),
+               x("forward", t + 10, 300, cat="user_annotation"),
+               x(BWD + "ConvolutionBackward0", t + 400, 100),
+               x(BWD + "NativeBatchNormBackward0", t + 500, 100),
+               x(BWD + "torch::autograd::AccumulateGrad", t + 600, 250),    # not a compute op
+               x(BWD + "ConvolutionBackward0", t + 610, 190),
+               x("gloo:all_reduce", t + 750, 100, tid=2),                   # 50 us inside
+               x("gloo:broadcast", t + 20, 5, tid=2),
+               x("optimizer", t + 900, 50, cat="user_annotation")]
+    return ev
+
+
+def test_read_trace_classifies_assigns_steps_and_reads_the_buckets(tmp_path):
+    path = chrome_trace(tmp_path / "r.json", two_steps() + [x("gloo:all_reduce", 5000, 10)],
+                        dict(variant="v", rank=1, num_buckets=3, accumulate=1))
+    t = read_trace(path)
+    assert (t.variant, t.rank, t.num_buckets, t.steps) == ("v", 1, 3, 2)
+    kinds = [e.kind for e in t.events if e.step == 0]
+    assert kinds.count("backward") == 3 and "AccumulateGrad" not in {e.name for e in t.events}
+    assert [len(t.of("allreduce", s)) for s in (0, 1)] == [1, 1]    # the one outside: dropped
+    assert t.of("forward", 1)[0].start == pytest.approx(1010e-6)    # from the first step
+    assert backward_spans(t, 0) == [pytest.approx((400e-6, 800e-6))]
+
+
+def test_a_trace_without_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        read_trace(chrome_trace(tmp_path / "r.json", [x("forward", 0, 10)]))
+
+
+def test_overlap_counts_only_the_part_inside_backward(tmp_path):
+    t = read_trace(chrome_trace(tmp_path / "r.json", two_steps()))
+    o = measure_overlap(t)
+    assert o.allreduce_s == pytest.approx(100e-6) and o.hidden_s == pytest.approx(50e-6)
+    assert o.fraction == pytest.approx(0.5)
+    assert (o.allreduces, o.started_early) == (1, 1)
+    assert o.backward_s == pytest.approx(400e-6)
+    # the model hides up to overlap x backward: 0.5 x 400 us covers all 100 us; 0.1 x 400 half
+    assert o.assumed_fraction(0.5) == 1.0 and o.assumed_fraction(0.1) == pytest.approx(0.4)
+
+
+def test_no_sync_micro_batches_have_their_own_backward_spans():
+    ev = [Event("forward", "forward", 0.0, 1.0, 0, 0), Event("a", "backward", 1.0, 1.0, 0, 0),
+          Event("forward", "forward", 2.0, 1.0, 0, 1), Event("b", "backward", 3.0, 2.0, 0, 1),
+          Event("gloo:all_reduce", "allreduce", 4.0, 2.0, 0, 1)]
+    t = RankTrace("v", 0, ev, 1, accumulate=2)
+    assert backward_spans(t, 0) == [(1.0, 2.0), (3.0, 5.0)]
+    o = measure_overlap(t)
+    assert o.backward_s == 2.0 and o.hidden_s == 1.0 and o.started_early == 1
+
+
+def test_a_gpu_trace_reads_kernels_by_the_step_that_launched_them(tmp_path):
+    ev = [x("ProfilerStep#2", 0, 1000, cat="user_annotation"),
+          x("forward", 10, 200, cat="user_annotation"),
+          x("backward", 300, 300, cat="user_annotation"),
+          x("cudaLaunchKernel", 350, 5, cat="cuda_runtime", correlation=7),
+          x("cudaLaunchKernel", 1200, 5, cat="cuda_runtime", correlation=8),   # next step
+          x("sm80_xmma_dgrad", 900, 80, tid=7, cat="kernel", correlation=7),    # runs later
+          x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 950, 60, tid=9, cat="kernel",
+            correlation=9),
+          x("sm80_xmma_fprop", 1300, 10, tid=7, cat="kernel", correlation=8),
+          x("nccl:all_reduce", 400, 3, cat="cpu_op")]                          # only the launch
+    t = read_trace(chrome_trace(tmp_path / "g.json", ev))
+    assert [(e.kind, e.name[:4]) for e in t.events if e.kind != "forward"] == \
+        [("backward", "sm80"), ("allreduce", "nccl")]
+    assert measure_overlap(t).hidden_s == pytest.approx(30e-6)
+
+
+def synthetic_run(tmp_path) -> TraceRun:
+    ranks = []
+    for variant, early in (("small", True), ("one", False)):
+        for rank in (0, 1):
+            t = read_trace(chrome_trace(tmp_path / f"{variant}{rank}.json", two_steps()),
+                           variant, rank)
+            if not early:     # move the all-reduce after backward
+                t.events = [Event(e.name, e.kind, e.start + 0.0003, e.duration, e.step)
+                            if e.kind == "allreduce" else e for e in t.events]
+            t.num_buckets = 1
+            ranks.append(t)
+    return TraceRun("2 x gloo on a test", "smoke", 2, "gloo", 8, 32, 1.0, ranks)
+
+
+def test_figures_draw_from_stored_events_without_running_anything(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def refuse(*a, **k):
+        raise AssertionError("a figure tried to run something")
+    monkeypatch.setattr(trace_mod.mp, "start_processes", refuse)
+    monkeypatch.setattr(torch.distributed, "init_process_group", refuse)
+    monkeypatch.setattr(trace_mod, "trace_ddp", refuse)
+    path = save_events(synthetic_run(tmp_path), tmp_path / "events.json")
+    run = load_events(path)
+    assert run.variants == ["small", "one"] and isinstance(run.ranks[0].events[0], Event)
+    fig = draw_timelines(run)
+    bars = [c for ax in fig.axes for c in ax.collections]
+    assert len(fig.axes) == 2 and len(bars) >= 2 * 2 * 4      # variants x ranks x kinds
+    ax = draw_overlap(run)
+    assert [round(p.get_width()) for p in ax.patches] == [50, 0, 100, 100]
+    rows = overlap_rows(run)
+    assert rows[0][6] == 50 and rows[1][6] == 0 and "50% of it hidden" in summary_lines(run)[1]
+    plt.close("all")
+
+
+def test_mean_overlap_averages_the_ranks():
+    ev = lambda d: [Event("b", "backward", 0.0, 1.0, 0), Event("a", "allreduce", 0.5, d, 0)]
+    run = TraceRun("", "", 2, "gloo", 8, 32, 0.0,
+                   [RankTrace("v", 0, ev(1.0), 1), RankTrace("v", 1, ev(3.0), 1)])
+    assert mean_overlap(run, "v") == Overlap(1.0, 2.0, 0.5, 1, 1)
+
+
+def test_marked_dataparallel_marks_each_phase_and_passes_its_arguments(monkeypatch):
+    for name in ("scatter", "replicate", "parallel_apply", "gather"):
+        assert inspect.signature(getattr(MarkedDataParallel, name)) == \
+            inspect.signature(getattr(nn.DataParallel, name))
+    seen = []
+    monkeypatch.setattr(trace_mod, "record_function",
+                        lambda name: seen.append(name) or contextlib.nullcontext())
+    monkeypatch.setattr(nn.DataParallel, "gather", lambda self, outputs, device: (outputs, device))
+    dp = MarkedDataParallel.__new__(MarkedDataParallel)
+    # a fresh wrapper, so it finds the stand-in gather: the mark wraps the call, arguments pass
+    assert trace_mod._marked("gather")(dp, [1], 0) == ([1], 0) and seen == ["gather"]
+
+
+@pytest.mark.skipif(num_gpus() >= 2, reason="this machine can trace DataParallel")
+def test_dataparallel_trace_needs_two_gpus():
+    with pytest.raises(DeviceError, match="2 or more GPUs"):
+        trace_mod.trace_dataparallel(TrainConfig(width=4, batch_size=8))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--accumulate", "2"], "--accumulate needs --bucket-cap-mb"),
+    (["--nprocs", "3", "--profile", "smoke"], "does not split evenly"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb")])
+def test_cli_refuses_bad_input_in_one_line(argv, words, tmp_path, capsys):
+    from mgpu_lib.__main__ import main
+    try:
+        code = main(["trace", "--out", str(tmp_path), *argv])
+    except SystemExit as e:         # argparse's refusals
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and len(err.splitlines()) == 1
+
+
+# ---- two real gloo processes ------------------------------------------------------------------
+
+SMALL_MB = 0.1     # at width 8 (0.7 MB of gradients) several buckets
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace")
+    config = TrainConfig.from_profile(get_profile("smoke"))
+    variants = [Variant("small", SMALL_MB), Variant("one", ONE_BUCKET_MB),
+                Variant("no_sync", ONE_BUCKET_MB, accumulate=2)]
+    return out, trace_ddp(config, 2, variants, out=out, timeout_s=600)
+
+
+def children() -> list:
+    """This process's live children, but multiprocessing's resource tracker (the spawn start
+    method starts one that lives as long as this process)."""
+    return [p.cmdline() for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE
+            and not any("resource_tracker" in a for a in p.cmdline())]
+
+
+@pytest.mark.slow
+def test_each_rank_writes_a_chrome_trace_and_no_process_stays(traced):
+    out, run = traced
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/rank*.json")) == \
+        [f"{v}/rank{r}.json" for v in ("no_sync", "one", "small") for r in (0, 1)]
+    assert load_events(out / "events.json").variants == ["small", "one", "no_sync"]
+    assert children() == []
+
+
+@pytest.mark.slow
+def test_at_least_one_all_reduce_per_bucket_per_step(traced):
+    _, run = traced
+    assert run.get("small").num_buckets > 1 and run.get("one").num_buckets == 1
+    for t in run.ranks:
+        assert t.steps == 2
+        for step in range(t.steps):
+            assert len(t.of("allreduce", step)) >= t.num_buckets, (t.variant, t.rank, step)
+
+
+@pytest.mark.slow
+def test_small_buckets_start_all_reducing_before_backward_ends_and_one_bucket_does_not(traced):
+    _, run = traced
+    for rank in (0, 1):
+        for step in (0, 1):
+            small, one = run.get("small", rank), run.get("one", rank)
+            end = backward_spans(small, step)[-1][1]
+            assert any(e.start < end for e in small.of("allreduce", step))
+            end = backward_spans(one, step)[-1][1]
+            assert all(e.start >= end for e in one.of("allreduce", step))
+        assert measure_overlap(run.get("small", rank)).fraction > 0
+        assert measure_overlap(run.get("one", rank)).hidden_s == 0
+
+
+@pytest.mark.slow
+def test_no_sync_all_reduces_only_in_the_last_micro_batch(traced):
+    _, run = traced
+    for t in (run.get("no_sync", 0), run.get("no_sync", 1)):
+        assert {e.micro for e in t.of("forward")} == {0, 1}
+        assert {e.micro for e in t.of("allreduce")} == {1}
+
+
+@pytest.mark.slow
+def test_a_hung_job_is_stopped_at_its_timeout_and_leaves_nothing(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="stopped"):
+        trace_ddp(TrainConfig(width=4, batch_size=8), 2, [Variant("v")], out=tmp_path,
+                  timeout_s=2)
+    assert time.monotonic() - start < 30 and children() == []
+
+
+@pytest.mark.slow
+def test_cli_trace_writes_per_rank_traces_and_a_summary(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "mgpu_lib", "trace", "--nprocs", "2", "--profile",
+                        "smoke", "--bucket-cap-mb", "1", "--out", str(tmp_path / "t")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in (tmp_path / "t").glob("*/rank*.json")) == \
+        ["rank0.json", "rank1.json"]
+    assert "all-reduce(s) per step" in p.stdout and "perfetto" in p.stdout
