@@ -10,7 +10,8 @@ channels_last on a CPU only from width 16 (`mgpu_lib.switches.channels_last_safe
 narrowest stride-2 1x1 convolution has `width` input channels.
 
 The reproduction runs in a subprocess, so a crash fails one test, not the runner. Whether this
-torch still has the upstream bug is recorded, never asserted: a fixed torch must pass too.
+torch still has the upstream bug is not asserted (a fixed torch must pass too): what is asserted
+is that the layout the rule picks never crashes, and that the CLI paths that crashed finish.
 """
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The plain-PyTorch reproduction (ten lines once formatted).
+# The plain-PyTorch reproduction.
 REPRO = """\
 import torch
 from torch import nn
@@ -56,25 +57,9 @@ def run_repro(cin: int, threads: int, batch: int, layout: str) -> tuple:
     return rc, p.stderr[-300:]
 
 
-def test_reproduction_is_ten_lines():
-    assert len(REPRO.format(cin=8, cout=16, threads=2, batch=33,
-                            layout=CHANNELS_LAST).splitlines()) == 10
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("cin,threads,batch", CASES)
-def test_upstream_reproduction(cin, threads, batch, record_property):
-    """Records whether this torch crashes with channels_last; NCHW must never crash."""
-    rc_cl, err = run_repro(cin, threads, batch, CHANNELS_LAST)
-    upstream_bug = rc_cl != 0
-    record_property("upstream_bug", upstream_bug)
-    print(f"cin={cin} threads={threads} batch={batch}: channels_last rc={rc_cl} "
-          f"({'upstream bug present' if upstream_bug else 'no crash'}) {err.strip()[-80:]}")
-    rc_nchw, err = run_repro(cin, threads, batch, NCHW)
-    assert rc_nchw == 0, f"NCHW crashed too (rc {rc_nchw}): {err}"
-
-
-@pytest.mark.parametrize("cin,threads,batch", CASES)
-def test_rule_never_chooses_a_crashing_layout(cin, threads, batch):
+def test_rule_never_chooses_a_crashing_layout(cin, threads, batch, record_property):
     """The layout the rule picks for a width-`cin` model runs the reproduction without crashing.
 
     The model's narrowest stride-2 1x1 convolution has `width` input channels, so width = cin.
@@ -83,6 +68,7 @@ def test_rule_never_chooses_a_crashing_layout(cin, threads, batch):
     from mgpu_lib.switches import channels_last_safe
 
     chosen = CHANNELS_LAST if channels_last_safe("cpu", cin) else NCHW
+    record_property("layout", chosen)
     rc, err = run_repro(cin, threads, batch, chosen)
     assert rc == 0, (f"channels_last_safe('cpu', {cin}) chose {chosen}, which crashed "
                      f"(rc {rc}) on {threads} thread(s) at batch {batch}: {err}")
@@ -102,10 +88,11 @@ def run_cli(*extra: str, threads: int = 0) -> subprocess.CompletedProcess:
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "mgpu_lib", "train", "--profile", "smoke", "--epochs", "1",
-           "--batch-size", "33", *extra]
+           "--data-source", "synthetic", "--batch-size", "33", *extra]   # no download, ever
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limits", [("--train-limit", "330", "--test-limit", "100"),
                                     ("--train-limit", "5", "--test-limit", "5")],
                          ids=["330-100", "5-5"])
@@ -115,6 +102,7 @@ def test_smoke_cli_batch_33(limits):
     assert p.returncode == 0, f"rc {p.returncode}: {p.stderr[-1500:]}"
 
 
+@pytest.mark.slow
 def test_smoke_cli_narrow_width_one_thread():
     """Width 4 on one thread: the project path that reaches the upstream crash on the 2-core
     AVX2 EPYC (rc 139 while the CPU fast path chose channels_last at every width)."""
