@@ -177,11 +177,15 @@ def loader_images_per_s(loader: Iterable, batches: int = 20) -> float:
     """Images per second the loader delivers alone (no training), over its first `batches`
     batches after one of warm-up (worker start)."""
     it = iter(loader)
-    next(it)
-    n, t0 = 0, time.perf_counter()
+    t0 = time.perf_counter()
+    n = len(next(it)[0])
+    t1 = time.perf_counter()
+    rest = 0
     for _, (x, _) in zip(range(batches), it):
-        n += len(x)
-    return n / (time.perf_counter() - t0)
+        rest += len(x)
+    now = time.perf_counter()
+    # a loader too short to warm up: count its first batch, worker start included
+    return rest / (now - t1) if rest else n / (now - t0)
 
 
 def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,
