@@ -1,0 +1,139 @@
+"""No hand-typed result in the book's prose.
+
+Every markdown cell of every notebook, intro.md and appendix/*.md is read as a reader sees it
+minus what is exempt (glue roles, math, code, link targets, citations and other roles, HTML
+comments). What is left must hold no measured-looking number: a decimal, or a number followed
+by s, ms, min, %, x/×, images/s or points. A run's result, a record, a prediction or a published
+figure belongs in a cell and is glued (`{glue:text}`name:.2f``). The few numbers that look
+measured but are not sit in ALLOWED, each with the reason.
+"""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each entry: one number in its context (a regular expression), and why it is no result. Settings,
+# names of hardware generations and versions look measured to the pattern but measure nothing.
+ALLOWED = [
+    (r"\b(section|D2L) 12\.6\b", "D2L's section number for this chapter"),
+    (r"\blr 0\.1\b", "the chapter's learning rate on one GPU, a setting"),
+    (r"\blr 0\.2\b", "the chapter's learning rate on two GPUs, a setting"),
+    (r"\blr 0\.4\b", "the lr the study notes called best, a setting the claim runs were given"),
+    (r"compute capability 3\.7\b", "the K80's CUDA generation, a name"),
+    (r"compute capability 7\.5\b", "the T4's CUDA generation, a name"),
+    (r"compute capability 8\.0\b", "the first generation with bf16 tensor cores, a name"),
+    (r"\b7\.0 and 7\.5 \(V100", "V100's and T4's CUDA generations, names"),
+    (r"\bCUDA 12\.6\b", "a CUDA version, as pytorch#157517 names it"),
+    (r"\b4x the (batch|lr)\b", "the linear-scaling runs' setting: four times the base"),
+    (r"\b16x the batch\b", "sixteen dies times the chapter's batch, a setting"),
+]
+
+# "s" and "sec" only after a space: "4090s" names cards, "3 s" is a time. x is matched below.
+UNIT = r"(?:\s(?:s|sec)|\s?(?:ms|min|%)|\s(?:images/s|images per second|points?))"
+MEASURED = re.compile(
+    r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?[x×](?=[\s,.;:)]|$)"       # 4x, 1.34x, 2×
+    rf"|(?<![\w.\-/])\d[\d,]*(?:\.\d+)?{UNIT}(?![\w/])"        # 3 s, 488 ms, 30%, 2 points
+    r"|(?<![\w.\-/])\d[\d,]*\.\d+(?![\d.]*\d)"                  # a decimal (not 2.14.1)
+)
+EXEMPT = [
+    re.compile(r"```.*?```", re.S),                    # fenced code and directives
+    re.compile(r"\$\$.*?\$\$", re.S),                  # display math
+    re.compile(r"\$[^$\n]+\$"),                        # inline math
+    re.compile(r"\{[\w:.-]+\}`[^`]*`"),                # roles: glue, cite, numref, math, ...
+    re.compile(r"`[^`\n]*`"),                          # code spans
+    re.compile(r"<!--.*?-->", re.S),                   # HTML comments
+    re.compile(r"\]\([^)]*\)"),                        # link targets
+    re.compile(r"https?://\S+"),                       # bare addresses
+]
+
+
+def pages() -> list[Path]:
+    return sorted([*ROOT.glob("chapters/*.ipynb"), *ROOT.glob("exercises/*.ipynb"),
+                   ROOT / "intro.md", *ROOT.glob("appendix/*.md")])
+
+
+def cells(path: Path) -> list[tuple[str, str]]:
+    """(cell label, markdown text) for each markdown cell; a .md file is one cell."""
+    if path.suffix == ".md":
+        return [("the page", path.read_text())]
+    nb = nbformat.read(path, as_version=4)
+    return [(f"cell {i} ({c.get('id', 'no id')})", c.source)
+            for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]
+
+
+def strip(text: str) -> str:
+    for pattern in EXEMPT:
+        text = pattern.sub(" ", text)
+    for pattern, _why in ALLOWED:
+        text = re.sub(pattern, " ", text)
+    return text
+
+
+def typed_numbers(text: str) -> list[str]:
+    """The measured-looking numbers left in `text` once the exempt parts are gone."""
+    found = []
+    for m in MEASURED.finditer(strip(text)):
+        found.append(m.group(0).strip())
+    return found
+
+
+def offences(paths, root: Path = ROOT) -> list[str]:
+    """'page, cell: number' for every typed number on the pages."""
+    return [f"{path.relative_to(root)}, {label}: {number!r}"
+            for path in paths for label, text in cells(path)
+            for number in typed_numbers(text)]
+
+
+def test_no_result_is_typed_into_the_prose():
+    found = offences(pages())
+    assert not found, ("numbers typed into the prose (glue them from the cell that computes "
+                       "them, or add a reason to ALLOWED):\n  " + "\n  ".join(found))
+
+
+def test_the_allowlist_stays_short():
+    assert len(ALLOWED) <= 15
+
+
+@pytest.mark.parametrize("typed", [
+    "batch 512 ended at 0.79 against 0.83",            # a stale accuracy
+    "about 440 against 480 images/s",                  # a throughput
+    "an epoch takes 3 s",                              # seconds
+    "the fast loop ran 1.34x faster",                  # a speed-up
+    "a gap of 2 points",                               # points
+    "30% efficiency",                                  # a percent
+    "it took 488 ms per step",                         # milliseconds
+    "4× faster",
+    "it took 488ms",
+])
+def test_a_typed_result_is_caught(typed):
+    assert typed_numbers(typed), typed
+
+
+@pytest.mark.parametrize("fine", [
+    "{glue:text}`acc_1:.3f` against {glue:text}`acc_2:.3f`",  # glued
+    "$\\tau = 0.5 N / \\sum_j s_j$ and $$T = 1.5 s$$",          # math
+    "`TrainConfig(lr=0.1)` and `1e-5`",                       # code spans
+    "[the release notes](https://example.com/v2.14.0/notes-1.5x)",    # a link target
+    "{cite}`goyal2017accurate`",
+    "batch 256 and lr 0.1 on one GPU, 512 and lr 0.2 on two",
+    "compute capability 8.0 (A100)",
+    "ResNet-18 on Fashion-MNIST, 60,000 images, 28 x 28, 16 dies",
+    "section 12.6 of the PyTorch edition",
+    "four RTX 4090s",
+])
+def test_exempt_text_passes(fine):
+    assert not typed_numbers(fine), typed_numbers(fine)
+
+
+def test_a_stale_number_in_a_markdown_cell_fails(tmp_path):
+    """Planted fault: a notebook whose prose still quotes an old result."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("The run ended at {glue:text}`acc:.2f`."),
+                nbformat.v4.new_code_cell("print(0.93)"),
+                nbformat.v4.new_markdown_cell("Two processes ran 0.93x as fast.")]
+    path = tmp_path / "stale.ipynb"
+    nbformat.write(nb, path)
+    assert offences([path], tmp_path) == [f"stale.ipynb, cell 2 ({nb.cells[2].id}): '0.93x'"]
