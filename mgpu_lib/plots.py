@@ -2,7 +2,7 @@
 
 Plots read results (`TrainResult`, records); nothing is ever read back out of a plot. They all
 use the book's style (`style.py`): legends below the data, whole-number ticks for epochs and
-devices, titles that name the hardware and profile.
+devices, short titles that say what is plotted (hardware and profile go into the caption, once).
 """
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ class LivePlot:
         ax.set_xlabel("epoch")
         ax.set_ylabel("accuracy")
         legend_below(ax)
-        set_title(ax, self.title or f"{result.hardware}, profile {result.config['profile']}")
+        set_title(ax, self.title or f"profile {result.config['profile']}, "
+                                    f"{result.num_devices} device(s)")
         self.fig.tight_layout()
         if self.handle is None:
             self.handle = display(self.fig, display_id=True)
@@ -160,11 +161,12 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
                   yerr=[r["sec_std"] for r in ok], fmt="s--", capsize=4, color="C1",
                   label="sec/epoch")
     twin.set_ylabel("seconds per epoch", color="C1")
-    bad = [r for r in rows if r["diverged"]]
-    if bad:
-        lo = ax.get_ylim()[0]
-        ax.plot([r["x"] for r in bad], [lo] * len(bad), "x", color="red", ms=10, mew=2,
-                clip_on=False, label="diverged")
+    for i, r in enumerate(r for r in rows if r["diverged"]):
+        # a band across the plot, labelled, so it cannot be read as a value on either axis
+        ax.axvline(r["x"], color="red", ls=":", lw=1.5, label="diverged seeds" if i == 0 else None)
+        ax.annotate(f"{r['diverged']} of {r['n']}\ndiverged", (r["x"], 0.5),
+                    xycoords=("data", "axes fraction"), ha="right", va="center",
+                    fontsize=8, color="red", xytext=(-3, 0), textcoords="offset points")
     if logx if logx is not None else (min(xs) > 0 and max(xs) / min(xs) > 8):
         ax.set_xscale("log")
     ax.set_xticks(xs, [f"{v:g}" for v in xs])
@@ -210,7 +212,7 @@ def plot_scaling(rows: Sequence[dict], *, title: str = "", axes=None):
     """Left: seconds per epoch against devices, DP and DDP. Right: scaling efficiency.
     `rows` come from `scaling.scaling_table`. Returns the two axes."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(7.5, 3.4))
     ns = [r["n"] for r in rows]
@@ -219,6 +221,7 @@ def plot_scaling(rows: Sequence[dict], *, title: str = "", axes=None):
         axes[1].plot(ns, [r[f"{s}_eff"] for r in rows], style, label=s.upper())
     axes[0].set_ylabel("seconds per epoch (log)")
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # several labels, not one
     axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axes[0].yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     axes[1].set_ylabel("scaling efficiency")
@@ -271,7 +274,7 @@ def plot_seed_curves(records: Sequence, batch_size: int, lr: float, *, title: st
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
     legend_below(ax, ncol=4)
-    set_title(ax, f"batch {batch_size}, lr {lr:g}; {title}")
+    set_title(ax, title or f"batch {batch_size}, lr {lr:g}: one line per seed")
     return ax
 
 
@@ -297,16 +300,19 @@ def plot_throughput(labels: Sequence[str], images_per_second: Sequence[float],
     against the device's peak where it is known. Labels carry the images/s."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 0.5 + 0.45 * len(labels)))
+        _, ax = plt.subplots(figsize=(6.5, max(2.6, 0.6 + 0.8 * len(labels))))
     tflops = [ips * train_flops_per_image / 1e12 for ips in images_per_second]
     y = range(len(labels))
     ax.barh(y, tflops, color="tab:blue")
     ax.set_yticks(list(y), [f"{name}\n{ips:,.0f} images/s"
                             for name, ips in zip(labels, images_per_second)], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) - 0.4, -0.6)  # first label on top, room for two-line labels
     if peak_tflops:
         ax.axvline(peak_tflops, color="tab:red", ls="--", label=f"peak {peak_tflops:g} TFLOP/s")
         legend_below(ax, ncol=1)
+    else:
+        ax.text(0.99, 0.02, "no datasheet peak known for this device", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8, color="0.4")
     for i, t in enumerate(tflops):
         share = f" ({100 * t / peak_tflops:.1f}% of peak)" if peak_tflops else ""
         ax.text(t, i, f" {t:.3g}{share}", va="center", fontsize=8)

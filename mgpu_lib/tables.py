@@ -1,16 +1,44 @@
-"""Small result tables that render as Markdown in notebooks and the book, and as text elsewhere."""
+"""Small result tables that render as Markdown in notebooks and the book, and as text elsewhere.
+
+Measured numbers show three significant figures (counts keep every digit), a missing value (nan)
+shows as "n/a", and a column that holds one value in every row moves into the caption. The
+caption follows the table in italics; the book's `numbered_tables` extension (`_ext/`) turns it
+into a numbered caption, "Table 3.1".
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, Optional, Sequence
 
 
 class Table:
-    """Rows under headers. Jupyter shows `_repr_markdown_`; `str()` gives aligned plain text."""
+    """Rows under headers. Jupyter shows `_repr_markdown_`; `str()` gives aligned plain text.
 
-    def __init__(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = ""):
+    `keep_constant=True` keeps a column that holds the same value in every row (by default it
+    moves into the caption as "header: value").
+    """
+
+    def __init__(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
+                 keep_constant: bool = False):
         self.headers = [str(h) for h in headers]
-        self.rows = [[_fmt(v) for v in row] for row in rows]
+        self.rows = [[fmt(v) for v in row] for row in rows]
         self.caption = caption
+        if not keep_constant:
+            self._fold_constant_columns()
+
+    def _fold_constant_columns(self) -> None:
+        """Move columns (not the first) with one value in every row of 2+ into the caption."""
+        if len(self.rows) < 2:
+            return
+        constant = [j for j in range(1, len(self.headers))
+                    if len({row[j] for row in self.rows}) == 1 and self.rows[0][j]]
+        if not constant or len(constant) == len(self.headers) - 1:
+            return  # keep at least one column of values
+        notes = [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]
+        self.caption = "; ".join(([self.caption] if self.caption else []) + notes)
+        keep = [j for j in range(len(self.headers)) if j not in constant]
+        self.headers = [self.headers[j] for j in keep]
+        self.rows = [[row[j] for j in keep] for row in self.rows]
 
     def _repr_markdown_(self) -> str:
         lines = ["| " + " | ".join(self.headers) + " |",
@@ -23,16 +51,36 @@ class Table:
     def __str__(self) -> str:
         cols = list(zip(self.headers, *self.rows))
         widths = [max(len(c) for c in col) for col in cols]
-        fmt = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))
-        lines = [fmt(self.headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in self.rows]
+        fmt_row = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))
+        lines = [fmt_row(self.headers), fmt_row(["-" * w for w in widths])]
+        lines += [fmt_row(r) for r in self.rows]
         return "\n".join(lines + ([self.caption] if self.caption else []))
 
     __repr__ = __str__
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
+    """A table cell: floats to three significant figures (1,250, 935, 89.8, 0.812), ints with
+    thousands separators, nan as "n/a", anything else as str()."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        if math.isnan(value):
+            return "n/a"
+        if math.isinf(value) or abs(value) < 1000:
+            return f"{value:.3g}"
+        digits = math.floor(math.log10(abs(value))) - 2   # keep three significant figures
+        return f"{round(value, -digits):,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
+
+
+def mean_std(mean: float, std: Optional[float] = None, *, diverged: bool = False) -> str:
+    """"0.812 ± 0.051", the std to the mean's decimals; "diverged" where there is no mean
+    (every seed diverged); the mean alone where there is no std (one seed)."""
+    if diverged or mean is None or math.isnan(mean):
+        return "diverged"
+    text = fmt(float(mean))
+    if std is None or math.isnan(std):
+        return text
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} ± {std:.{decimals}f}"

@@ -70,11 +70,21 @@ FIGURE = """<figure class="align-default" id="fig-speed">
 <p>{number}<span class="caption-text">Throughput by devices</span><a class="headerlink" href="#fig-speed" title="Link to this image">#</a></p>
 </figcaption>
 </figure>"""
+OUTPUT_TABLE = """<div class="pst-scrollable-table-container">
+<table class="table">{caption}
+<thead><tr><th class="head"><p>lr</p></th><th class="head"><p>acc</p></th></tr></thead>
+<tbody><tr><td><p>0.1</p></td><td><p>0.812</p></td></tr></tbody>
+</table>
+</div>"""
+NUMBERED = ('<caption><span class="caption-number">Table 1 </span>'
+            '<span class="caption-text">Accuracy by lr</span></caption>')
 CLEAN_BODY = "\n".join([
     cell('<span class="c1"># train on the devices</span>\n<span class="nb">print</span>(<span class="s2">"ok"</span>)',
          stream("epoch 1: loss 0.52, test acc 0.81")
          + '\n<img alt="../_images/plot.png" src="../_images/plot.png" />'),
     FIGURE.format(number='<span class="caption-number">Fig. 1 </span>'),
+    cell("Table(...)", OUTPUT_TABLE.format(caption=NUMBERED)),
+    FIGURE.format(number='<span class="caption-number">Fig. E1.2 </span>'),
     '<p><img alt="dot" src="data:image/png;base64,iVBORw0KGgo=" /></p>',
     '<div class="highlight-bash notranslate"><div class="highlight"><pre><span></span>make book\n</pre></div></div>',
 ])
@@ -125,6 +135,8 @@ FAULTS = [
     ("link to a missing anchor", '<p><a class="reference internal" href="target.html#nope">x</a></p>',
      "#nope", "no id #nope in chapters/target.html"),
     ("figure without a number", FIGURE.format(number=""), "<figure", "unnumbered caption: 'Throughput"),
+    ("table without a numbered caption", cell("Table(...)", OUTPUT_TABLE.format(caption="")),
+     "<table", "table without a numbered caption: 'lr | acc'"),
     ("figure without a caption",
      '<figure class="align-default">\n<img alt="p" src="../_images/plot.png" />\n</figure>',
      "<figure", "no caption: '../_images/plot.png'"),

@@ -17,7 +17,9 @@ One function per rule, each ``(soup, page, build_root) -> list[str]``:
 - ``broken_links``: every internal href names a file in the build and its #fragment an id there;
 - ``unnumbered_figures``: every ``<figure>`` / ``div.figure`` has a caption numbered "Fig. N".
   Plot images that a cell outputs without a figure directive are not figures; only their
-  files are checked (by ``missing_images``).
+  files are checked (by ``missing_images``);
+- ``unnumbered_tables``: every table a cell outputs (``mgpu_lib.tables.Table``) has a caption
+  numbered "Table N" (the book's ``_ext/numbering.py`` makes one from the Table's caption).
 
 Pages are those of the table of contents: the ones Sphinx copied a source for into
 ``_sources/`` (so not genindex, search, or the index.html redirect).
@@ -39,7 +41,8 @@ SHOWN = 60  # characters of offending text quoted in a problem
 HARNESS = re.compile(r"NBVAL")
 WIDGET_REPR = re.compile(r"\b\w+\(children=\(|_dom_classes=\(")
 LAUNCH_HOSTS = ("https://colab.research.google.com/", "https://mybinder.org/")
-FIG_NUMBER = re.compile(r"^\s*(Fig(ure)?\.?)\s*\d")
+FIG_NUMBER = re.compile(r"^\s*(Fig(ure)?\.?)\s*(E\d+\.)?\d")  # E1.3: the exercises' own
+TABLE_NUMBER = re.compile(r"^\s*Table\s*(E\d+\.)?\d")
 OUTPUTS = "div.cell_output, .output"
 
 Rule = Callable[[BeautifulSoup, str, Path], "list[str]"]
@@ -184,8 +187,21 @@ def unnumbered_figures(soup: BeautifulSoup, page: str, build_root: Path) -> list
     return problems
 
 
+def unnumbered_tables(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Tables in cell outputs without a caption numbered "Table N"."""
+    problems = []
+    for table in _content(soup).select("div.cell_output table"):
+        number = table.select_one("caption span.caption-number")
+        if number is None or not TABLE_NUMBER.match(number.get_text()):
+            head = " | ".join(th.get_text(strip=True) for th in table.select("th"))
+            problems.append(f"{page}:{table.sourceline}: table without a numbered caption: "
+                            f"{_quote(head)}")
+    return problems
+
+
 RULES: list[Rule] = [harness_text, wide_output_lines, wide_code_lines, missing_images,
-                     widget_reprs, launch_button, broken_links, unnumbered_figures]
+                     widget_reprs, launch_button, broken_links, unnumbered_figures,
+                     unnumbered_tables]
 
 
 def check_page(path: Path, build_root: Path) -> list[str]:
