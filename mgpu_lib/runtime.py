@@ -43,22 +43,32 @@ class Job:
 
 
 @functools.lru_cache(maxsize=None)
-def _workload(width: int) -> Workload:
+def workload(width: int) -> Workload:
     """The network of `width` as numbers, built (and run once, for its FLOPs) once per width:
     a prediction and its trim ask for the same few widths many times."""
     net = resnet18(width=width)
     return Workload(params=num_params(net), forward_flops=forward_flops(net))
 
 
+LINK = LINKS["PCIe gen3 x16"]    # between a machine's GPUs, where nothing says otherwise
+
+
+def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int = 1,
+                 overheads: Optional[Overheads] = None) -> float:
+    """One DataParallel training step of `batch` images on `devices` GPUs of `spec`, at
+    `overheads` (default: the middle of the published runs' fit)."""
+    o = overheads or published_fit().overheads(spec)
+    return predict_step_time(devices, batch, spec, LINK, "dp", workload=workload(width),
+                             overheads=o).total
+
+
 def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None) -> float:
     """Training seconds for `jobs` on GPUs of `spec` (DataParallel over `job.devices`), by
-    `scaling.predict_step_time`, at `overheads` (default: the published runs' fit, middle)."""
-    o = overheads or published_fit().overheads(spec)
+    `step_seconds`, at `overheads` (default: the published runs' fit, middle)."""
     total = 0.0
     for j in jobs:
-        w = _workload(j.width)
-        step = predict_step_time(j.devices, j.batch, spec, LINKS["PCIe gen3 x16"], "dp",
-                                 workload=w, overheads=o).total
+        w = workload(j.width)
+        step = step_seconds(spec, j.batch, j.width, j.devices, overheads)
         total += step * j.trained / j.batch + (step * j.evaluated / j.batch) / w.train_factor
     return total
 
@@ -71,7 +81,7 @@ def cpu_rates() -> dict[str, dict[int, float]]:
         if r["device"] != "cpu" or "bf16" in fast["describe"]:
             continue
         cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
-        flops = fast["median"] * _workload(r["width"]).train_flops
+        flops = fast["median"] * workload(r["width"]).train_flops
         rates.setdefault(cpu, {})[r["width"]] = flops
     return rates
 
@@ -82,7 +92,7 @@ def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
     total = 0.0
     for j in jobs:
         rate = flops_by_width[min(flops_by_width, key=lambda w: abs(w - j.width))]
-        w = _workload(j.width)
+        w = workload(j.width)
         total += (j.trained + j.evaluated / w.train_factor) * w.train_flops / rate
     return total
 

@@ -3,11 +3,13 @@ stage does not stop the next ones, and the plan fits its budget. On a CPU the CU
 recorded as skipped; under smoke a tiny CPU calibration runs, so something real is measured.
 The GPU is hidden from the script (CUDA_VISIBLE_DEVICES=""), so it behaves the same everywhere;
 on a GPU, run the script itself (see its docstring)."""
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,10 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "gpu_check.py"
-STAGES = ("facts", "cuda_tests", "full_run", "bench", "calibration", "exercise2", "exercise1")
+STAGES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration", "exercise2",
+          "exercise1")
 KEYS = {"stage", "status", "seconds", "device", "hardware", "torch", "profile", "figures"}
-STAGE_LINE = re.compile(r"^\[(\d)/7\] (\w+): (ok|failed|skipped) in [\d.]+ s")
+STAGE_LINE = re.compile(r"^\[(\d)/8\] (\w+): (ok|failed|skipped) in [\d.]+ s")
 # What the GPU machine lacks: importing the script must not need any of them.
 BLOCK = """
 import sys
@@ -63,6 +66,7 @@ def smoke(tmp_path_factory):
     return run("--profile", "smoke", "--out", str(out)), out
 
 
+@pytest.mark.slow
 def test_smoke_run_reports_every_stage(smoke):
     proc, out = smoke
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -76,11 +80,27 @@ def test_smoke_run_reports_every_stage(smoke):
     assert cal["figures"]["images_per_second"] > 0 and len(cal["figures"]["rows"]) >= 2
 
 
-def test_a_failed_stage_is_recorded_and_the_next_ones_still_run(tmp_path):
+def load_tool():
+    """The script as a module, to plant failures in it (the product has no flag for that)."""
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool          # dataclasses look their module up there
+    spec.loader.exec_module(tool)
+    return tool
+
+
+@pytest.mark.slow
+def test_a_failed_stage_is_recorded_and_the_next_ones_still_run(tmp_path, monkeypatch, capsys):
+    tool = load_tool()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def planted(check):
+        raise RuntimeError("planted failure\nacross two lines")
+    monkeypatch.setattr(tool, "STAGES", tuple(replace(s, run=planted) if s.name == "facts"
+                                              else s for s in tool.STAGES))
     out = tmp_path / "gpu.jsonl"
-    proc = run("--profile", "smoke", "--out", str(out), "--fail-stage", "facts")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert len(stage_lines(proc.stdout)) == len(STAGES)
+    assert tool.main(["--profile", "smoke", "--out", str(out)]) == 1
+    assert len(stage_lines(capsys.readouterr().out)) == len(STAGES)
     records = check_records(out)
     facts = records["facts"]
     assert facts["status"] == "failed"
@@ -88,6 +108,7 @@ def test_a_failed_stage_is_recorded_and_the_next_ones_still_run(tmp_path):
     assert records["calibration"]["status"] == "ok"         # a later stage still ran
 
 
+@pytest.mark.slow
 def test_dry_run_plans_within_the_budget_and_needs_no_optional_package(tmp_path):
     out = tmp_path / "never.jsonl"
     for args in (["--profile", "smoke"], ["--profile", "full", "--spec", "H200 SXM"]):
@@ -95,6 +116,42 @@ def test_dry_run_plans_within_the_budget_and_needs_no_optional_package(tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         total = float(re.search(r"predicted total: ([\d.]+) s of 270 s", proc.stdout).group(1))
         assert 0 < total <= 270
-        assert len(re.findall(r"^plan \[\d/7\]", proc.stdout, re.M)) == len(STAGES)
+        assert len(re.findall(r"^plan \[\d/8\]", proc.stdout, re.M)) == len(STAGES)
     assert "full_run: " in proc.stdout and "no CUDA" not in proc.stdout   # the H200 plan
     assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", ["-5", "0", "nan", "inf", "soon"])
+def test_a_bad_budget_is_one_line_and_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_tool().main(["--dry-run", "--budget-s", bad])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpu_check: error: argument --budget-s: must be a number of seconds above 0, "
+        f"got '{bad}'"]
+
+
+def test_a_bad_profile_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("MGPU_PROFILE", "bogus")
+    assert load_tool().main(["--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus" in err[0]
+
+
+def test_without_out_the_records_never_go_into_the_package(tmp_path, monkeypatch):
+    tool = load_tool()
+    monkeypatch.chdir(tmp_path)
+    out = tool.make_check(tool.parse_args(["--profile", "smoke"])).out.resolve()
+    assert out.parent == tmp_path / "runs"
+    assert REPO / "mgpu_lib" not in out.parents
+
+
+def test_the_tool_and_the_pages_share_one_predictor():
+    """No sys.path edits, no wall of noqa, and the step time comes from mgpu_lib.runtime."""
+    text = SCRIPT.read_text()
+    assert "sys.path" not in text and text.count("noqa") <= 1
+    tool = load_tool()
+    from mgpu_lib import runtime
+    from mgpu_lib.scaling import DEVICES
+    speed = tool.Speed(DEVICES["T4"], 64)
+    assert speed.step_s(256) == pytest.approx(runtime.step_seconds(DEVICES["T4"], 256, 64))

@@ -1,80 +1,79 @@
 """GPU truth: measure on the GPU at hand what the book predicts, in stages, under a time budget.
 
-    MGPU_FASHION_MNIST_DIR=data/fashion-mnist PYTHONPATH=. python tools/gpu_check.py \
+    MGPU_FASHION_MNIST_DIR=data/fashion-mnist python tools/gpu_check.py \
         --budget-s 270 --out $OUT/gpu.jsonl
     make gpu-check GPU_CHECK_ARGS="--budget-s 900"     # your own GPU (Colab included)
     python tools/gpu_check.py --dry-run --spec "H200 SXM" --profile full    # the plan only
 
-Stages, in order of value: facts, the CUDA unit tests (tests/test_cuda.py), one run at the
-profile's settings (the chapter's under `full`), bench, calibration, exercise 2 (CPU+GPU split)
-and exercise 1 (sweeps, while time is left). Each stage first predicts its own time (the
-step-time model of `scaling.py` for the device's datasheet, then what earlier stages measured)
-and skips itself when that would not fit in what is left of `--budget-s`. Each stage prints one
-line and appends one record to a JSON Lines file named after the device (default
-`mgpu_lib/results/gpu_<device>.jsonl`); a failed stage records its error in one line and the
-next stage runs. Without CUDA every CUDA stage is recorded as skipped; under `--profile smoke` a
-tiny CPU calibration still runs. Exit status: 0 if no stage failed, 1 if one did, 2 for bad
-arguments.
+Stages, in order of value: facts, the overheads the step-time model fits to published runs
+(DataParallel's replicate per step, P2P between each pair of GPUs, their link, the chapter's
+loader alone), the CUDA unit tests (tests/test_cuda.py), one run at the profile's settings (the
+chapter's under `full`), bench, calibration, exercise 2 (CPU+GPU split) and exercise 1 (sweeps,
+while time is left). Each stage first predicts its own time (the library's run-time predictor,
+`mgpu_lib.runtime`, the one the pages use, then what earlier stages measured) and skips itself
+when that would not fit in what is left of `--budget-s`, counted from the process's start. Each
+stage prints one line and appends one record to a JSON Lines file named after the device
+(default `runs/gpu_<device>.jsonl` in the working folder, never the package's shipped records);
+a failed stage records its error in one line and the next stage runs. Without CUDA every CUDA
+stage is recorded as skipped; under `--profile smoke` a tiny CPU calibration still runs. Exit
+status: 0 if no stage failed, 1 if one did, 2 for bad arguments (one line).
 """
 from __future__ import annotations
 
+import argparse
+import gc
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+import traceback
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
 
-T0 = time.monotonic()          # the budget counts from here: importing torch takes seconds too
+import psutil
+import torch
+from torch import nn
+from torch.nn.parallel import replicate
 
-import argparse                                           # noqa: E402
-import functools                                          # noqa: E402
-import gc                                                 # noqa: E402
-import importlib.util                                     # noqa: E402
-import json                                               # noqa: E402
-import math                                               # noqa: E402
-import os                                                 # noqa: E402
-import re                                                 # noqa: E402
-import signal                                             # noqa: E402
-import subprocess                                         # noqa: E402
-import sys                                                # noqa: E402
-import tempfile                                           # noqa: E402
-import traceback                                          # noqa: E402
-import xml.etree.ElementTree as ET                        # noqa: E402
-from dataclasses import dataclass, field                  # noqa: E402
-from datetime import datetime, timezone                   # noqa: E402
-from pathlib import Path                                  # noqa: E402
-from typing import Callable, Optional                     # noqa: E402
+from mgpu_lib import results
+from mgpu_lib.bench import add_tflops, bench, measure, peak_tflops
+from mgpu_lib.chapter import chapter_loader
+from mgpu_lib.devices import cpu_name, describe_devices, timed
+from mgpu_lib.diagnose import loader_images_per_s, topology
+from mgpu_lib.evidence import calibrate, leave_one_out, published_fit
+from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
+                             time_split)
+from mgpu_lib.model import TRAIN_FLOPS_FACTOR, resnet18
+from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
+from mgpu_lib.results import ResultsError, append, check_writable
+from mgpu_lib.runtime import step_seconds, workload
+from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
+                              spec_for_name)
+from mgpu_lib.split import best_split, predict_hetero_step, shard_grid
+from mgpu_lib.switches import EVAL_BATCH, resolve_switches
+from mgpu_lib.sweep import load_store, point_key, record_from_result, sweep
+from mgpu_lib.train import TrainConfig, make_model, train
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import torch                                              # noqa: E402
-from torch import nn                                      # noqa: E402
-
-from mgpu_lib.bench import add_tflops, bench, measure, peak_tflops    # noqa: E402
-from mgpu_lib.devices import cpu_name, describe_devices, timed   # noqa: E402
-from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync,   # noqa: E402
-                             measure_throughput, time_split)
-from mgpu_lib.model import TRAIN_FLOPS_FACTOR, forward_flops, num_params, resnet18  # noqa: E402
-from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile    # noqa: E402
-from mgpu_lib.results import RECORDED, ResultsError, append, check_writable     # noqa: E402
-from mgpu_lib.evidence import Calibration, calibrate, leave_one_out               # noqa: E402
-from mgpu_lib.scaling import (DEVICES, LINKS, DeviceSpec, Workload,  # noqa: E402
-                              predict_step_time, spec_for_name)
-from mgpu_lib.split import best_split, predict_hetero_step, shard_grid         # noqa: E402
-from mgpu_lib.switches import EVAL_BATCH, resolve_switches                     # noqa: E402
-from mgpu_lib import results                                                   # noqa: E402
-from mgpu_lib.sweep import load_store, point_key, record_from_result, sweep    # noqa: E402
-from mgpu_lib.train import TrainConfig, make_model, train                       # noqa: E402
-
-STAGE_NAMES = ("facts", "cuda_tests", "full_run", "bench", "calibration", "exercise2",
-               "exercise1")
+STAGE_NAMES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration",
+               "exercise2", "exercise1")
 NO_CUDA, BUDGET = "no CUDA device", "budget"
-LINK = LINKS["PCIe gen4 x16"]    # unused by a 1-device step; predict_step_time wants one
 # Guesses where nothing has been measured yet; each stage replaces them as it measures.
 FACTS_S = {True: 5.0, False: 1.0}  # CUDA's first initialization takes seconds
+OVERHEADS_S = 15.0                 # replicate x 6, P2P per pair, the loader over 30 batches
 TESTS_S = 45.0                     # pytest + a torchrun/NCCL start + five tiny CUDA tests
 TESTS_LIMIT_S = 180.0              # the CUDA tests are stopped after this
 SETUP_S = 6.0                      # a run: load the images, build the model, cuDNN autotuning
 MEASURE_SETUP_S = 1.5              # one bench.measure mode: model, synthetic data, warm-up
-LOADER_IMG_S = 3000.0              # the chapter's PIL + ToTensor loader, images/s per worker
-                                   # (2,800 on a 2-core EPYC here; a GPU host is not slower)
 CPU_ACHIEVED_TFLOPS = 0.05         # fp32 achieved per core (bench_cpu: ~0.1 on a 2-core EPYC)
 COMPILE_LIMIT_S = 60.0             # torch.compile is measured only if it compiles within this
 CHILD_START_S = 15.0               # a fresh Python process importing torch and CUDA
@@ -91,28 +90,20 @@ class StageFailed(RuntimeError):
         self.figures = figures
 
 
-@functools.lru_cache(maxsize=None)
-def workload(width: int) -> Workload:
-    """The step-time model's numbers for a ResNet-18 of `width` (counted once per width)."""
-    net = resnet18(width=width)
-    return Workload(params=num_params(net), forward_flops=float(forward_flops(net)),
-                    train_factor=TRAIN_FLOPS_FACTOR)
-
-
 @dataclass
 class Speed:
-    """Seconds per training step on the device: the step-time model for a datasheet at first,
-    rescaled by the full run's measurement, then replaced by the calibration's line."""
+    """Seconds per training step on the device: the library's predictor (`runtime`, the pages'
+    own) for a datasheet at first, rescaled by the full run's measurement, then replaced by the
+    calibration's line."""
     spec: DeviceSpec
-    workload: Workload
+    width: int
     scale: float = 1.0
-    cal: Optional[Calibration] = None
+    cal: Optional[object] = None     # an `evidence.Calibration` once measured
 
     def step_s(self, batch: float) -> float:
         if self.cal is not None:
             return self.cal.step_time(batch)
-        return self.scale * predict_step_time(1, batch, self.spec, LINK, "dp",
-                                              workload=self.workload).total
+        return self.scale * step_seconds(self.spec, batch, self.width)
 
     def epoch_s(self, batch: int, images: int) -> float:
         """One training epoch; the last partial batch is dropped, as `DeviceLoader` does."""
@@ -143,9 +134,14 @@ class Check:
     out: Optional[Path] = None
     run_id: str = ""
     done: dict = field(default_factory=dict)      # stage name -> figures of an "ok" stage
+    # the budget counts from the process's start, so importing torch is inside it
+    start: float = field(default_factory=lambda: psutil.Process().create_time())
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
 
     def left(self) -> float:
-        return self.args.budget_s - (time.monotonic() - T0)
+        return self.args.budget_s - self.elapsed()
 
     @property
     def n_train(self) -> int:
@@ -261,7 +257,50 @@ def run_facts(check: Check) -> tuple:
                f"{f['spec']}{'' if check.spec_known else ' (assumed)'}")
 
 
-# ---- stage 2: the CUDA unit tests -----------------------------------------------------------
+# ---- stage 2: the overheads the model fits to published runs, measured here ---------------
+
+def time_replicate(devices: list, width: int, reps: int = 5) -> float:
+    """Seconds per `replicate` of the chapter's network onto `devices` (DataParallel does it
+    every step; with one GPU onto that GPU again), after one warm-up."""
+    net = resnet18(width=width).to(devices[0])
+    replicate(net, devices)
+    with timed(devices) as t:
+        for _ in range(reps):
+            replicate(net, devices)
+    return t.seconds / reps
+
+
+def chapter_loader_rate(batch: int) -> float:
+    """Images/s of the chapter's pipeline (PIL images, ToTensor, its workers) alone, on random
+    images: this host's CPU, not the disk, is what is timed."""
+    images = torch.randint(0, 256, (40 * batch, 28, 28), dtype=torch.uint8)
+    return loader_images_per_s(chapter_loader(images, torch.zeros(len(images), dtype=torch.long),
+                                              batch, shuffle=True), batches=30)
+
+
+def run_overheads(check: Check) -> tuple:
+    n = torch.cuda.device_count()
+    devices = [torch.device(f"cuda:{i}") for i in range(n)]
+    peer = {f"{i}-{j}": torch.cuda.can_device_access_peer(i, j)
+            for i in range(n) for j in range(n) if i < j}
+    rep = time_replicate(devices, check.profile.width)
+    fit = published_fit()
+    model = [dp_python_s(RESNET18, max(n, 2), fit.overheads(check.spec, 1, t)) / max(n, 2)
+             for t in (0, 2)]
+    loader = chapter_loader_rate(check.profile.batch_size) if has_torchvision() else None
+    f = dict(gpus=n, peer=peer, links={f"{i}-{j}": c for (i, j), c in topology().items()},
+             replicate_s=rep, replicate_per_device_s=rep / n,
+             model_python_per_device_s=model, loader_images_per_s=loader,
+             model_loader_images_per_s=loader_rate(28, min(4, os.cpu_count() or 1)))
+    no_p2p = [k for k, v in peer.items() if not v]
+    return f, (f"{n} GPU(s), P2P off for {', '.join(no_p2p) or 'no pair'}; replicate "
+               f"{rep / n * 1e3:.2f} ms per device (model: {model[0] * 1e3:.1f} to "
+               f"{model[1] * 1e3:.1f} ms of DataParallel Python); loader "
+               + (f"{loader:,.0f} images/s (model {f['model_loader_images_per_s']:,.0f})"
+                  if loader else "not timed (torchvision missing)"))
+
+
+# ---- stage 3: the CUDA unit tests -----------------------------------------------------------
 
 def junit_counts(path: Path) -> dict:
     """Counts and the failing tests (name, first line of the message) from a JUnit XML file."""
@@ -301,7 +340,7 @@ def run_cuda_tests(check: Check) -> tuple:
     return f, summary
 
 
-# ---- stage 3: one run at the profile's settings ---------------------------------------------
+# ---- stage 4: one run at the profile's settings ---------------------------------------------
 
 def predict_fast_run(check: Check) -> float:
     p, s = check.profile, check.speed
@@ -311,8 +350,7 @@ def predict_fast_run(check: Check) -> float:
 
 def predict_chapter_run(check: Check, epochs: int = 2) -> float:
     """The chapter's loop: the GPU or the loader's workers, whichever is slower."""
-    workers = min(4, os.cpu_count() or 1)
-    loader = LOADER_IMG_S * workers
+    loader = loader_rate(28, min(4, os.cpu_count() or 1))   # the library's, measured per worker
     epoch = max(check.speed.epoch_s(check.profile.batch_size, check.n_train),
                 check.n_train / loader)
     return SETUP_S + epochs * (epoch + check.n_test / loader)
@@ -377,7 +415,7 @@ def run_full(check: Check) -> tuple:
     return f, line
 
 
-# ---- stage 4: bench ---------------------------------------------------------------------------
+# ---- stage 5: bench ---------------------------------------------------------------------------
 
 def predict_bench_calls(check: Check) -> float:
     """bench twice (fp32, bf16): two loops each, 2 warm-up + 5 x 3 timed steps."""
@@ -437,8 +475,9 @@ def run_compile_part(check: Check) -> dict:
         return dict(status="skipped", reason=BUDGET, predicted_s=need)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         out = Path(tmp) / "compile.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-compile", str(out),
-               "--profile", check.profile.name]
+        cmd = [sys.executable, "-c", "import runpy, sys; g = runpy.run_path(sys.argv[1]); "
+               "sys.exit(g['probe_compile'](sys.argv[2], g['get_profile'](sys.argv[3])))",
+               str(Path(__file__).resolve()), str(out), check.profile.name]
         proc = run_child(cmd, need, child_env())
         if proc is None:
             return dict(status="skipped", reason=f"did not compile and run within {need:.0f} s "
@@ -469,7 +508,7 @@ def run_bench(check: Check) -> tuple:
     return f, "; ".join(parts)
 
 
-# ---- stage 5: calibration -------------------------------------------------------------------
+# ---- stage 6: calibration -------------------------------------------------------------------
 
 def calibration_batches(check: Check) -> list:
     """8 to 1024 on a GPU; 8 to 32 for the tiny CPU version under smoke (seconds)."""
@@ -534,7 +573,7 @@ def run_calibration(check: Check) -> tuple:
                f"{f['half_speed_batch_model']:.0f} from the line")
 
 
-# ---- stage 6: exercise 2 --------------------------------------------------------------------
+# ---- stage 7: exercise 2 --------------------------------------------------------------------
 
 def cpu_rate_guess(check: Check) -> float:
     """Images/s the host CPU trains at, before measuring: an assumed rate per core."""
@@ -591,7 +630,7 @@ def run_exercise2(check: Check) -> tuple:
                f"({f['measured_speedup']:.2f}x vs the GPU alone)")
 
 
-# ---- stage 7: exercise 1 --------------------------------------------------------------------
+# ---- stage 8: exercise 1 --------------------------------------------------------------------
 
 def sweep_points(profile: Profile) -> list:
     """(batch, lr): the batch sweep at the profile's lr, then the lr sweep at its batch; under
@@ -671,6 +710,7 @@ def run_exercise1(check: Check) -> tuple:
 
 STAGES = (
     Stage("facts", lambda c, left: FACTS_S[c.cuda], run_facts, "any"),
+    Stage("overheads", lambda c, left: OVERHEADS_S, run_overheads),
     Stage("cuda_tests", lambda c, left: TESTS_S, run_cuda_tests),
     Stage("full_run", lambda c, left: predict_fast_run(c) + predict_chapter_run(c), run_full),
     Stage("bench", predict_bench, run_bench),
@@ -710,7 +750,7 @@ def record(check: Check, stage: Stage, status: str, seconds: float, predicted, n
                seconds=round(seconds, 3), predicted_s=predicted, device=str(check.device),
                hardware=check.hardware, torch=torch.__version__, cuda=torch.version.cuda,
                profile=check.profile.name, budget_s=check.args.budget_s,
-               elapsed_s=round(time.monotonic() - T0, 3), run_id=check.run_id,
+               elapsed_s=round(check.elapsed(), 3), run_id=check.run_id,
                time=datetime.now(timezone.utc).isoformat(timespec="seconds"), figures=figures)
     if status == "skipped":
         rec["reason"] = note
@@ -728,8 +768,6 @@ def run_stage(check: Check, stage: Stage) -> str:
             predicted = stage.predict(check, check.left())
             if predicted > check.left():
                 note = BUDGET
-            elif stage.name in check.args.fail_stage:
-                raise RuntimeError(f"planted failure (--fail-stage {stage.name})")
             else:
                 figures, note = stage.run(check)
                 status = "ok"
@@ -775,12 +813,29 @@ def print_plan(check: Check) -> None:
     print(f"predicted total: {total:.0f} s of {check.args.budget_s:.0f} s budget")
 
 
+def budget(text: str) -> float:
+    """--budget-s: a finite number of seconds above 0 (nan and inf would switch it off)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """A bad argument is one line, exit 2 (argparse would add its usage first)."""
+        self.exit(2, f"gpu_check: error: {message}\n")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget-s", type=float, default=270.0,
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget-s", type=budget, default=270.0,
                    help="total seconds for the whole script, imports included (default 270)")
     p.add_argument("--out", help="JSON Lines file to append to (default "
-                                 "mgpu_lib/results/gpu_<device>.jsonl)")
+                                 "runs/gpu_<device>.jsonl in this folder)")
     p.add_argument("--profile", choices=list(PROFILES), default=None,
                    help="sizes of the stages (default: MGPU_PROFILE, else full with CUDA)")
     p.add_argument("--spec", choices=list(DEVICES), help="predict with this datasheet; on a "
@@ -788,9 +843,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", type=lambda s: set(s.split(",")), default=set(),
                    help=f"comma-separated stages to run ({', '.join(STAGE_NAMES)})")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--fail-stage", action="append", default=[], choices=STAGE_NAMES,
-                   help="make this stage fail (for testing that the next ones still run)")
-    p.add_argument("--probe-compile", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.only - set(STAGE_NAMES):
         p.error(f"unknown stage(s) in --only: {', '.join(sorted(args.only - set(STAGE_NAMES)))}")
@@ -805,17 +857,20 @@ def make_check(args: argparse.Namespace) -> Check:
     spec, known = spec_for(device, args.spec)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     check = Check(args, profile, device, cuda or bool(args.dry_run and args.spec), spec,
-                  known, Speed(spec, workload(profile.width)), describe_devices([device]),
+                  known, Speed(spec, profile.width), describe_devices([device]),
                   slug(name), run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
-    check.out = Path(args.out) if args.out else RECORDED / f"gpu_{check.slug}.jsonl"
+    # never into the package's shipped records: a run's records are the user's until copied
+    check.out = Path(args.out) if args.out else Path("runs") / f"gpu_{check.slug}.jsonl"
     return check
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.probe_compile:
-        return probe_compile(args.probe_compile, get_profile(args.profile or "full"))
-    check = make_check(args)
+    try:
+        check = make_check(args)
+    except ValueError as e:                       # MGPU_PROFILE that names no profile
+        print(f"gpu_check: error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print_plan(check)
         return 0
@@ -828,7 +883,7 @@ def main(argv=None) -> int:
     print(header(check, plan(check)), flush=True)
     print(f"gpu_check: records to {check.out}", flush=True)
     statuses = [run_stage(check, stage) for stage in STAGES]
-    print(f"gpu_check: done in {time.monotonic() - T0:.0f} s: "
+    print(f"gpu_check: done in {check.elapsed():.0f} s: "
           + ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "failed", "skipped")),
           flush=True)
     return 1 if "failed" in statuses else 0
