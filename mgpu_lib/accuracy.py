@@ -3,7 +3,7 @@
     python tools/record_accuracy.py --profile cpu --bf16 off --seeds 0-19
 
 The study is a sweep over `fast` (the chapter's loop, then the fast loop) x seeds, stored with
-`sweep.py` (`results/accuracy_cpu.jsonl`); the chapter's loop is stored once per seed and pairs
+`sweep.py` (`recorded/accuracy_cpu.jsonl`); the chapter's loop is stored once per seed and pairs
 with every fast variant of that seed. Seeds alone move this model's final accuracy by a few
 points, so each gap is a mean over seeds with its standard error.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .record import header
 from .results import mean_std_se
 from .switches import Switches
 from .train import TrainConfig, train
@@ -20,7 +21,7 @@ def compare_accuracy(config: TrainConfig, data_fast=None, data_reference=None) -
     """Train `config` on the chapter's loop and on the fast loop; both results and the gap."""
     reference = train(config.replace(fast=False), data=data_reference, progress=False)
     fast = train(config.replace(fast=True), data=data_fast, progress=False)
-    return {"profile": config.profile, "hardware": fast.hardware,
+    return {**header(hardware=fast.hardware, profile=config.profile, config=config.to_dict()),
             "data_source": fast.data_source, "reference": reference.to_dict(),
             "fast": fast.to_dict(),
             "gap_points": 100 * (fast.final_test_acc - reference.final_test_acc)}

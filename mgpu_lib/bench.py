@@ -21,6 +21,7 @@ from .chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, cha
 from .data import DeviceLoader, synthetic_fashion_mnist
 from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
 from .model import TRAIN_FLOPS_FACTOR, forward_flops, resnet18
+from .record import header
 from .scaling import spec_for_name
 from .switches import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from .train import TrainConfig, cudnn_benchmark, make_model, make_step
@@ -141,12 +142,16 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
                     steps=steps, repeats=repeats, warmup_steps=warmup_steps, device=device,
                     num_workers=num_workers)
     train_flops = add_tflops(modes, width, device)
-    return {"kind": "bench", "device": str(device), "hardware": describe_devices([device]),
+    config = dict(device=str(device), width=width, batch_size=batch_size, steps=steps,
+                  repeats=repeats, warmup_steps=warmup_steps,
+                  num_workers=chapter_workers(num_workers), bf16=bf16, norm_fp32=norm_fp32)
+    # No profile: a benchmark's arguments (its config) set every size.
+    return {**header(hardware=describe_devices([device]), profile=None, config=config),
+            "kind": "bench", "device": str(device),
             "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
-            "warmup_steps": warmup_steps, "num_workers": chapter_workers(num_workers),
+            "warmup_steps": warmup_steps, "num_workers": config["num_workers"],
             "train_flops_per_image": train_flops, "cpu_bf16": cpu_bf16_support(),
-            "chapter_loop": CHAPTER_LOOP,
-            "torch": torch.__version__, "modes": modes,
+            "chapter_loop": CHAPTER_LOOP, "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

@@ -266,8 +266,8 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume, 
     net = prepare_model(make_model(config, device), switches)
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    result = TrainResult(
-        config=config.to_dict(), hardware=f"DDP, {world} x {backend} process(es) on "
+    result = TrainResult.create(
+        config, hardware=f"DDP, {world} x {backend} process(es) on "
         f"{describe_devices([device])}", num_devices=world, data_source=train_iter.source,
         steps_per_epoch=len(train_iter),
         extra={"strategy": "ddp", "world_size": world, "backend": backend,

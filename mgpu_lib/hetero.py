@@ -282,10 +282,10 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
         with HeteroDataParallel(net, setup.devices, speeds, slowdowns=setup.slowdowns) as hdp:
             extra = dict(setup=asdict(setup), speeds=speeds, sync_s=measure_sync(hdp),
                          sizes=split_sizes(config.batch_size, speeds))
-            result = TrainResult(config=config.to_dict(), hardware=setup.label,
-                                 num_devices=len(setup.devices),
-                                 data_source=getattr(train_iter, "source", "custom"),
-                                 steps_per_epoch=len(train_iter), extra=extra)
+            result = TrainResult.create(config, hardware=setup.label,
+                                        num_devices=len(setup.devices),
+                                        data_source=getattr(train_iter, "source", "custom"),
+                                        steps_per_epoch=len(train_iter), extra=extra)
             optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
             loss_fn = nn.CrossEntropyLoss()
             bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None

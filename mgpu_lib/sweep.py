@@ -25,6 +25,7 @@ import torch
 
 from . import results
 from .ddp import LaunchError, launch
+from .record import LEGACY_SCHEMA, SCHEMA, final_test_acc, run_problem, sec_per_epoch
 from .switches import SWITCH_FIELDS
 from .train import METRICS, TrainConfig, TrainResult, train
 
@@ -47,6 +48,23 @@ class Record:
     metrics: dict
     extra: dict = field(default_factory=dict)
     derived_from: Optional[str] = None
+    schema: int = SCHEMA            # the rest of the header (record.py), from the run's result
+    mgpu_lib: Optional[str] = None
+    git: Optional[str] = None
+    torch: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "a sweep record") -> "Record":
+        """A record from its JSON; one-line ResultsError if it is not a whole one. A record
+        from before the header is schema 1 with its versions unknown."""
+        problem = (run_problem(d.get("config"), d.get("metrics"), d.get("status"))
+                   if isinstance(d, dict) else "not a JSON object")
+        try:
+            if problem is None:
+                return cls(**{"schema": LEGACY_SCHEMA, **d})
+        except TypeError as e:
+            problem = str(e)
+        raise results.ResultsError(f"{where} is not a sweep record ({problem})")
 
     @property
     def key(self) -> str:
@@ -59,13 +77,13 @@ class Record:
 
     @property
     def final_test_acc(self) -> float:
-        acc = self.metrics["test_acc"]
-        return acc[-1] if acc and self.status == "ok" else float("nan")
+        """record.py's rule, as for a TrainResult: nan unless the run finished ("ok")."""
+        return final_test_acc(self.metrics["test_acc"], self.status)
 
     @property
     def sec_per_epoch(self) -> float:
-        s = self.metrics["epoch_seconds"]
-        return sum(s) / len(s) if s else float("nan")
+        """record.py's rule, as for a TrainResult: nan for a run with no epochs."""
+        return sec_per_epoch(self.metrics["epoch_seconds"])
 
     def get(self, name: str):
         """A config field or a sweep option by name (what `plot_sweep(x=...)` reads)."""
@@ -94,7 +112,9 @@ def record_from_result(result: TrainResult, config: TrainConfig, options: dict) 
                   status=result.status, hardware=result.hardware, profile=config.profile,
                   num_devices=result.num_devices, steps_per_epoch=result.steps_per_epoch,
                   data_source=result.data_source,
-                  metrics={m: list(getattr(result, m)) for m in METRICS}, extra=dict(result.extra))
+                  metrics={m: list(getattr(result, m)) for m in METRICS},
+                  extra=dict(result.extra), schema=result.schema, mgpu_lib=result.mgpu_lib,
+                  git=result.git, torch=result.torch)
 
 
 def truncate(record: Record, config: TrainConfig, options: dict) -> Optional[Record]:
@@ -122,7 +142,7 @@ def load_store(path) -> list[Record]:
     by_key: dict = {}
     for i, d in enumerate(results.read(path)):
         try:
-            rec = Record(**d)
+            rec = Record.from_dict(d, f"{path}: record {i + 1}")
             by_key[rec.key] = rec
         except (TypeError, KeyError, AttributeError) as e:
             raise results.ResultsError(f"{path}: record {i + 1} is not a sweep record "
@@ -156,9 +176,10 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
         try:
             return launch(config, nprocs)
         except LaunchError as e:
-            return TrainResult(config=config.to_dict(), hardware=f"DDP, {nprocs} processes",
-                               num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
-                               status="failed", extra={"error": str(e)})
+            return TrainResult.create(config, hardware=f"DDP, {nprocs} processes",
+                                      num_devices=nprocs, data_source="unknown",
+                                      steps_per_epoch=0, status="failed",
+                                      extra={"error": str(e)})
     if warmup_epochs:
         return train_warmup(config, warmup_epochs)
     return train(config, progress=False)
@@ -179,7 +200,7 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
     """
     train_fn = train_fn or default_train
     points = expand(base, vary, seeds)
-    results.check_writable(store)                 # a bad path fails now, not after training
+    results.check_writable(store, store=True)     # a bad path fails now, not after training
     records = [r for r in load_store(store) if r.status != "failed"]
     by_key = {r.key: r for r in records}
     out = []

@@ -30,7 +30,8 @@ from .data import SOURCES, load_fashion_mnist
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
 from .profiles import Profile, active_profile
-from .results import write_json_atomic
+from . import record
+from .results import ResultsError, write_json_atomic
 from .switches import Switches, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
@@ -138,14 +139,32 @@ class TrainResult:
     images_per_second: list = field(default_factory=list)
     status: str = "ok"
     extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
+    # The rest of the header (record.py); `create` fills it, a direct construction leaves the
+    # versions unknown.
+    schema: int = record.SCHEMA
+    mgpu_lib: Optional[str] = None
+    git: Optional[str] = None
+    torch: Optional[str] = None
+    profile: Optional[str] = None
+
+    @classmethod
+    def create(cls, config: TrainConfig, *, hardware: str, num_devices: int, data_source: str,
+               steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
+               ) -> "TrainResult":
+        """A new run's empty result with the whole header: the one way the engines make one."""
+        head = record.header(hardware=hardware, profile=config.profile, config=config.to_dict())
+        return cls(**head, num_devices=num_devices, data_source=data_source,
+                   steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
 
     @property
     def final_test_acc(self) -> float:
-        return self.test_acc[-1] if self.test_acc else float("nan")
+        """nan unless the run finished ("ok"): the same answer as a sweep `Record`'s."""
+        return record.final_test_acc(self.test_acc, self.status)
 
     @property
     def sec_per_epoch(self) -> float:
-        return sum(self.epoch_seconds) / len(self.epoch_seconds) if self.epoch_seconds else 0.0
+        """nan for a run with no epochs, as for a sweep `Record`."""
+        return record.sec_per_epoch(self.epoch_seconds)
 
     def summary(self) -> str:
         """The chapter's summary line, e.g. 'test acc: 0.91, 12.3 sec/epoch on 2 x NVIDIA H200'."""
@@ -159,8 +178,18 @@ class TrainResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainResult":
-        return cls(**d)
+    def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
+        """A result from its JSON; one-line ResultsError if it is not a whole one. A file from
+        before the header is schema 1 with its versions unknown."""
+        problem = (record.run_problem(d.get("config"), {m: d.get(m) for m in METRICS},
+                                      d.get("status", "ok"))
+                   if isinstance(d, dict) else "not a JSON object")
+        try:
+            if problem is None:
+                return cls(**{"schema": record.LEGACY_SCHEMA, **d})
+        except TypeError as e:
+            problem = str(e)
+        raise ResultsError(f"{where} is not a train result ({problem})")
 
     def save(self, path) -> None:
         """Write JSON atomically: a temporary file in the same folder, then a rename."""
@@ -168,12 +197,15 @@ class TrainResult:
 
     @classmethod
     def load(cls, path) -> "TrainResult":
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ResultsError(f"cannot read train result {path}: {e}") from None
+        return cls.from_dict(d, where=str(path))
 
 
-# The per-epoch lists of a TrainResult, in the order they are filled.
-METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
+METRICS = record.METRICS     # the per-epoch lists of a TrainResult, in the order they are filled
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
@@ -363,11 +395,11 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
     _, model = build_model(config, devices, switches)
     optimizer = (make_optimizer(model.parameters(), len(train_iter)) if make_optimizer
                  else torch.optim.SGD(model.parameters(), lr=config.lr))
-    result = TrainResult(config=config.to_dict(), hardware=describe_devices(devices),
-                         num_devices=len(devices),
-                         data_source=getattr(train_iter, "source", "custom"),
-                         steps_per_epoch=len(train_iter),
-                         extra={"switches": switches.to_dict(), **(extra or {})})
+    result = TrainResult.create(config, hardware=describe_devices(devices),
+                                num_devices=len(devices),
+                                data_source=getattr(train_iter, "source", "custom"),
+                                steps_per_epoch=len(train_iter),
+                                extra={"switches": switches.to_dict(), **(extra or {})})
     bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
     try:
         with cudnn_benchmark(switches.cudnn_benchmark):

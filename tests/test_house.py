@@ -10,7 +10,7 @@ FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
      "style", "published"},
     {"switches", "chapter", "profiles", "verdict", "evidence",
-     "events"},                             # the loop's parts
+     "events", "record"},                             # the loop's parts
     {"train", "runtime"},                                                       # the loop
     {"ddp", "hetero"},                                                          # engines
     {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages",

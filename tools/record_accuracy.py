@@ -4,7 +4,7 @@
         --bf16 off --seeds 0-19
 
 A sweep over `fast` (the chapter's loop, then the fast loop) x seeds into
-`mgpu_lib/results/accuracy_<profile>.jsonl`. The chapter's loop ignores the fast path's switches,
+`mgpu_lib/recorded/accuracy_<profile>.jsonl`. The chapter's loop ignores the fast path's switches,
 so its run of a seed is stored once and reused by every fast variant (`--bf16`, `--norm-fp32`).
 Points already stored are skipped, so an interrupted run continues where it stopped.
 """
