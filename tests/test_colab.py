@@ -41,7 +41,7 @@ PLANTED = {
     "alone": ([cell("import os\nprint(sorted(os.listdir('.')))", "['alone.ipynb']\n")],
               "PASSED", ""),
     "differs": ([cell("print(1 + 1)", "3\n")], "FAILED", "Cell outputs differ"),
-    "reads_repo": ([cell("open('../results/ex1_cpu.json')")], "FAILED", "FileNotFoundError"),
+    "reads_repo": ([cell("open('../mgpu_lib/recorded/ex1_cpu.jsonl')")], "FAILED", "FileNotFoundError"),
     "says_missing": ([cell("print('The recorded benchmarks (bench_cpu.jsonl) were not found.')",
                            tags=("nbval-ignore-output",))],
                      "FAILED", "says_missing.ipynb: a recorded file is missing"),
