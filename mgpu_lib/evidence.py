@@ -214,14 +214,16 @@ def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
 def unknown_hardware(f: Optional[Fit] = None, link: LinkSpec = LINKS["PCIe gen3 x16"]
                      ) -> list[dict]:
     """Runs that name no GPU: their 1- and 2-GPU seconds as a range over the GPUs with a
-    datasheet here (each across its mfu band), and the GPUs whose range holds the figure."""
+    datasheet here that existed when the run was published (each across its mfu band), and
+    the GPUs whose range holds both figures."""
     f = f or fit()
     out = []
     for one, two in pairs():
         if one.gpu is not None:
             continue
         rng = {}
-        for spec in DEVICES.values():
+        year = int(one.date[:4]) if one.date else 9999
+        for spec in (s for s in DEVICES.values() if (s.released or 0) <= year):
             rng[spec.name] = [sorted(row_seconds(r, spec, link, f.overheads(spec, c))
                                      for c in (0, 2)) for r in (one, two)]
         lo1, hi1 = min(v[0][0] for v in rng.values()), max(v[0][1] for v in rng.values())

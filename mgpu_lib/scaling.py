@@ -22,6 +22,7 @@ class DeviceSpec:
     mem_gbs: float                   # memory bandwidth, GB/s
     memory_gb: float
     source: str
+    released: Optional[int] = None   # the year the vendor announced it (the datasheet's date)
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,25 @@ class LinkSpec:
 DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
     DeviceSpec("K80 (one GK210 die)", 4.37, None, None, 240.0, 12.0,
                "NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s FP32 (GPU Boost), 480 GB/s, 24 GB per "
-               "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16"),
+               "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16", 2014),
     DeviceSpec("T4", 8.1, 65.0, "fp16", 320.0, 16.0,
                "NVIDIA T4 Tensor Core GPU datasheet: 8.1 TFLOP/s FP32, 65 TFLOP/s FP16 mixed "
-               "precision, 320 GB/s. Turing has no bf16"),
+               "precision, 320 GB/s. Turing has no bf16", 2018),
     DeviceSpec("V100 SXM2", 15.7, 125.0, "fp16", 900.0, 32.0,
                "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s tensor "
-               "(FP16), 900 GB/s HBM2. Volta has no bf16"),
+               "(FP16), 900 GB/s HBM2. Volta has no bf16", 2017),
     DeviceSpec("A100 SXM4 80GB", 19.5, 312.0, "bf16", 2039.0, 80.0,
                "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 19.5 TFLOP/s FP32, "
-               "312 TFLOP/s BF16 tensor (dense), 2,039 GB/s HBM2e"),
+               "312 TFLOP/s BF16 tensor (dense), 2,039 GB/s HBM2e", 2020),
     DeviceSpec("H100 SXM5", 67.0, 989.0, "bf16", 3350.0, 80.0,
                "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s FP32, 1,979 TFLOP/s "
-               "BF16 tensor with sparsity (989 dense), 3.35 TB/s HBM3"),
+               "BF16 tensor with sparsity (989 dense), 3.35 TB/s HBM3", 2022),
     DeviceSpec("H200 SXM", 67.0, 989.0, "bf16", 4800.0, 141.0,
                "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 1,979 TFLOP/s "
-               "BF16 tensor with sparsity (989 dense), 4.8 TB/s HBM3e"),
+               "BF16 tensor with sparsity (989 dense), 4.8 TB/s HBM3e", 2023),
     DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0, 24.0,
                "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): 82.6 TFLOP/s "
-               "FP32, 165.2 TFLOP/s BF16 tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X"),
+               "FP32, 165.2 TFLOP/s BF16 tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X", 2022),
 ]}
 
 LINKS: dict[str, LinkSpec] = {s.name: s for s in [

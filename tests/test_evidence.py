@@ -65,6 +65,9 @@ def test_runs_without_hardware_are_ranges_not_fits():
     for u in out.values():
         assert u["one_gpu"][0] < u["one_gpu"][1] and u["two_gpus"][0] < u["two_gpus"][1]
         assert set(u["consistent"]) <= set(DEVICES)
+    newer = {n for n, s in DEVICES.items() if s.released > 2019}   # after d2l's 2019 course
+    assert not newer & set(out["d2l 1-day course"]["consistent"])
+    assert out["d2l 1-day course"]["one_gpu"][0] > out["study notes"]["one_gpu"][0]
 
 
 def test_a_verdict_that_flips_inside_the_band_is_undecided():
