@@ -170,6 +170,10 @@ def append(path, record: dict) -> None:
     path = check_writable(path, store=True)
     line = json.dumps(record, sort_keys=True).encode() + b"\n"
     try:
+        if _mode(path) is not None:     # a file that is not a store gets no lock file beside it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _parse(path.read_bytes(), path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path), open(path, "a+b", buffering=0) as f:
             f.seek(0)                       # append mode opens at the end

@@ -241,6 +241,7 @@ def test_a_text_file_is_not_a_store_and_is_left_untouched(tmp_path):
             call()
         one_line(e)
     assert notes.read_text() == "buy milk\ncall Bob\n"
+    assert os.listdir(tmp_path) == ["notes.txt"]          # not even a lock file beside it
     notes.write_text("one line\n")                      # no torn record either
     with pytest.raises(ResultsError):
         results.read(notes)
