@@ -80,7 +80,8 @@ def test_a_new_result_carries_the_whole_header_and_a_sweep_record_keeps_it():
 def test_a_benchmark_carries_the_header(monkeypatch):
     from mgpu_lib import bench
     fake = {name: {"switches": {"bf16": False}, "median": 10.0} for name in ("reference", "fast")}
-    monkeypatch.setattr(bench, "measure", lambda modes, **kw: {k: dict(v) for k, v in fake.items()})
+    monkeypatch.setattr(bench, "measure", lambda modes, **kw: {k: dict(v)
+                                                              for k, v in fake.items()})
     out = bench.bench(width=4, device="cpu")
     record.check_header(out, "bench")
     assert out["profile"] is None and out["config"]["width"] == 4
