@@ -76,7 +76,7 @@ def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
 def calibrated_overheads(cal: Calibration) -> Overheads:
     """Overheads for predictions from a calibration: its intercept is the whole per-step cost
     (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
-    return Overheads(mfu=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0,
+    return Overheads(mfu=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0, tensor_s=0.0,
                      optimizer_passes=0.0)
 
 

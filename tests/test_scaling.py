@@ -154,6 +154,12 @@ def test_leave_one_out_is_exact_on_a_line_and_not_on_a_curve():
     assert max(abs(r["error"]) for r in leave_one_out(curve)) > 0.05
 
 
+def test_a_calibration_carries_every_per_step_cost_in_its_intercept():
+    from mgpu_lib.evidence import calibrated_overheads
+    o = calibrated_overheads(Calibration(images_per_second=400.0, step_s=0.01, rms_error_s=0.0))
+    assert dp_python_s(RESNET18, 4, o) == 0.0 and o.step_s == 0.01 and o.optimizer_passes == 0
+
+
 def test_cpu_spec_reproduces_its_calibration():
     cal = Calibration(images_per_second=400.0, step_s=0.0, rms_error_s=0.0)
     spec = cpu_spec(cal, "test CPU")
