@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from mgpu_lib.evidence import Calibration, calibrate, cpu_spec, leave_one_out
+from mgpu_lib.evidence import (Calibration, calibrate, calibrated_overheads, cpu_spec,
+                               leave_one_out)
 from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, LinkSpec, Overheads, allreduce_bytes,
                               dp_python_s, loader_rate, predict_epoch_time, predict_step_time,
                               ring_allreduce_s, scaling_efficiency, scaling_table, spec_for_name)
@@ -155,7 +156,6 @@ def test_leave_one_out_is_exact_on_a_line_and_not_on_a_curve():
 
 
 def test_a_calibration_carries_every_per_step_cost_in_its_intercept():
-    from mgpu_lib.evidence import calibrated_overheads
     o = calibrated_overheads(Calibration(images_per_second=400.0, step_s=0.01, rms_error_s=0.0))
     assert dp_python_s(RESNET18, 4, o) == 0.0 and o.step_s == 0.01 and o.optimizer_passes == 0
 
