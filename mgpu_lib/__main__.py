@@ -5,6 +5,7 @@
     python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store runs/x.jsonl
     python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
     python -m mgpu_lib pages          # each page's predicted run time (the README's table)
+    python -m mgpu_lib trace --nprocs 2 --profile smoke --bucket-cap-mb 1 --out runs/trace
     torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
@@ -30,6 +31,7 @@ from .results import ResultsError, append, check_writable
 from .supervise import LOG
 from .sweep import sweep
 from .switches import BF16_FLAG
+from .trace import Variant, summary_lines, trace_ddp
 from .train import TrainConfig, train
 
 
@@ -108,6 +110,8 @@ def build_parser() -> Parser:
     add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
     add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"))
     sub.add_parser("pages", help="each page's predicted run time (the README's table)")
+    add_trace_args(sub.add_parser("trace", help="a few DDP steps under torch.profiler: "
+                                                "per-rank traces, all-reduce overlap"))
     return parser
 
 
@@ -272,8 +276,50 @@ def cmd_pages(args) -> int:
     return 0
 
 
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprocs", type=positive_int, default=2,
+                   help="DDP processes (default 2)")
+    p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
+                                     "(default: MGPU_PROFILE, else by hardware)")
+    p.add_argument("--bucket-cap-mb", type=positive_float,
+                   help="trace this bucket cap only (default: small buckets, one bucket, and "
+                        "one bucket with no_sync)")
+    p.add_argument("--accumulate", type=positive_int, default=1,
+                   help="with --bucket-cap-mb: micro-batches per step, all but the last under "
+                        "no_sync")
+    p.add_argument("--steps", type=positive_int, default=2,
+                   help="steps recorded, after two unrecorded ones (default 2)")
+    p.add_argument("--out", default="runs/trace",
+                   help="folder for the per-rank Chrome traces and events.json")
+    p.add_argument("--timeout", type=positive_float, default=300.0,
+                   help="stop every process after this many seconds (default 300)")
+
+
+def cmd_trace(args) -> int:
+    """Trace DDP steps; print what the traces measured and where they are."""
+    config = TrainConfig.from_profile(get_profile(args.profile) if args.profile
+                                      else active_profile())
+    if args.accumulate > 1 and args.bucket_cap_mb is None:
+        raise ValueError("--accumulate needs --bucket-cap-mb")
+    variants = None
+    if args.bucket_cap_mb is not None:
+        name = f"bucket cap {args.bucket_cap_mb:g} MB" + (
+            f", no_sync x{args.accumulate}" if args.accumulate > 1 else "")
+        variants = [Variant(name, args.bucket_cap_mb, args.accumulate)]
+    check_writable(Path(args.out) / "events.json")
+    try:
+        run = trace_ddp(config, args.nprocs, variants, out=args.out, active=args.steps,
+                        timeout_s=args.timeout)
+    except (RuntimeError, TimeoutError) as e:     # a rank failed or hung: one line
+        print(f"python -m mgpu_lib trace: error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(summary_lines(run)))
+    print(f"traces: {args.out}/*/rank*.json; open one in https://ui.perfetto.dev")
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker,
-            "pages": cmd_pages}
+            "pages": cmd_pages, "trace": cmd_trace}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
