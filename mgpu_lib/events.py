@@ -174,6 +174,14 @@ class Overlap:
             return 0.0
         return min(self.allreduce_s, overlap * self.backward_s) / self.allreduce_s
 
+    def model_words(self, overlap: Optional[float] = None, within: float = 0.1) -> str:
+        """How the model's hidden share stands to the measured one: within `within` (a share,
+        0.1 = 10 points) it "about matches"; otherwise it is more optimistic or pessimistic."""
+        model = self.assumed_fraction(overlap)
+        if abs(model - self.fraction) < within:
+            return "about matches"
+        return "is more optimistic than" if model > self.fraction else "is more pessimistic than"
+
 
 def measure_overlap(trace: RankTrace) -> Overlap:
     """How much of each step's all-reduce time ran while backward was computing."""

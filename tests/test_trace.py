@@ -83,6 +83,9 @@ def test_overlap_counts_only_the_part_inside_backward(tmp_path):
     assert o.backward_s == pytest.approx(400e-6)
     # the model hides up to overlap x backward: 0.5 x 400 us covers all 100 us; 0.1 x 400 half
     assert o.assumed_fraction(0.5) == 1.0 and o.assumed_fraction(0.1) == pytest.approx(0.4)
+    assert o.model_words(0.5) == "is more optimistic than"            # 100% against 50%
+    assert o.model_words(0.125) == "about matches"                    # 50% against 50%
+    assert o.model_words(0.05) == "is more pessimistic than"          # 20% against 50%
 
 
 def test_no_sync_micro_batches_have_their_own_backward_spans():
