@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -26,43 +25,26 @@ from .data import DataError
 from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
 from .pages import prediction_header, prediction_rows
+from .plan import plan_line
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
+from .settings import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
 from .supervise import LOG
-from .sweep import sweep
+from .sweep import MAX_POINTS, OPTIONS, count_points, sweep
 from .switches import BF16_FLAG
 from .trace import Variant, summary_lines, trace_ddp
 from .train import TrainConfig, train
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+def argtype(check: Check):
+    """An argparse type from a setting's check: a refusal is one line naming the flag."""
+    def convert(text: str):
+        try:
+            return check.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = check.words
+    return convert
 
 
 class Parser(argparse.ArgumentParser):
@@ -72,43 +54,48 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--devices", type=positive_int, default=None,
-                   help="number of GPUs (default: all; the CPU where there is none)")
-    p.add_argument("--batch-size", type=positive_int, help="global batch size")
-    p.add_argument("--lr", type=positive_float, help="learning rate")
-    p.add_argument("--epochs", type=positive_int, help="number of epochs")
-    p.add_argument("--width", type=positive_int, help="ResNet width (64 = the chapter's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-limit", type=positive_int, help="class-balanced training subset")
-    p.add_argument("--test-limit", type=positive_int, help="class-balanced test subset")
-    p.add_argument("--data-source", default="auto",
-                   choices=["auto", "local", "torchvision", "synthetic"])
+def add_config_flags(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    """One flag per declared field of `config` (`settings.setting`): its name, help and check.
+    A flag left out keeps the profile's value; a true/false flag alone means true."""
+    for f in on_cli(config):
+        on_off = f.metadata["check"] is FLAG
+        p.add_argument(flag_name(f), dest=f.name, type=argtype(f.metadata["check"]),
+                       nargs="?" if on_off else None, const=True if on_off else None,
+                       metavar=f.metadata["check"].metavar, help=f.metadata["help"])
+
+
+def add_train_args(p: argparse.ArgumentParser, config=TrainConfig,
+                   out_help: str = "write the TrainResult JSON here") -> None:
+    add_config_flags(p, config)
     p.add_argument("--profile", help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--out", help="write the TrainResult JSON here")
+    p.add_argument("--out", help=out_help)
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
-    p.add_argument("--nprocs", type=positive_int, help="DDP processes (default: GPUs, else 2)")
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
-    p.add_argument("--timeout", type=positive_float, default=COLLECTIVE_TIMEOUT_S,
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
 
-def build_parser() -> Parser:
+def build_parser(config=TrainConfig) -> Parser:
+    """The command line; every `config` field declared with `settings.setting` is a flag of
+    train, sweep and worker, and a key of --vary."""
     parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
+    parser.set_defaults(config_class=config)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     train_parser = sub.add_parser("train", help="train the chapter's ResNet-18")
-    add_train_args(train_parser)
+    add_train_args(train_parser, config)
     add_strategy_args(train_parser)
-    add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"))
+    add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"),
+                   config)
     add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
-    add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"))
+    add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"), config)
     sub.add_parser("pages", help="each page's predicted run time (the README's table)")
     add_trace_args(sub.add_parser("trace", help="a few DDP steps under torch.profiler: "
                                                 "per-rank traces, all-reduce overlap"))
@@ -116,14 +103,13 @@ def build_parser() -> Parser:
 
 
 def config_from_args(args) -> TrainConfig:
-    """A `TrainConfig` from the profile, overridden by every flag that was given."""
+    """The config (`args.config_class`, default TrainConfig) from the profile, overridden by
+    every flag that was given."""
     profile = get_profile(args.profile) if args.profile else active_profile()
-    overrides = {k: v for k, v in dict(
-        devices=args.devices, batch_size=args.batch_size, lr=args.lr, num_epochs=args.epochs,
-        width=args.width, train_limit=args.train_limit, test_limit=args.test_limit).items()
-        if v is not None}
-    return TrainConfig.from_profile(profile, seed=args.seed, data_source=args.data_source,
-                                    **overrides)
+    config = getattr(args, "config_class", TrainConfig)
+    overrides = {f.name: getattr(args, f.name) for f in on_cli(config)
+                 if getattr(args, f.name, None) is not None}
+    return config.from_profile(profile, **overrides)
 
 
 def cmd_train(args) -> int:
@@ -144,52 +130,92 @@ def cmd_train(args) -> int:
     return 0 if result.status == "ok" else 3
 
 
-def vary_arg(text: str) -> tuple:
-    """`lr=0.05,0.1` -> ("lr", [0.05, 0.1]); ints for counts, floats for lr and warmup."""
-    name, sep, values = text.partition("=")
-    name = {"epochs": "num_epochs"}.get(name.replace("-", "_"), name.replace("-", "_"))
-    if not sep or not values:
-        raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,..., got {text!r}")
-    convert = {"lr": positive_float, "warmup_epochs": nonnegative_float,
-               "nprocs": int}.get(name, positive_int)
-    try:
-        parsed = [convert(v) for v in values.split(",")]
-    except (ValueError, argparse.ArgumentTypeError) as e:
-        raise argparse.ArgumentTypeError(f"bad value in {text!r}: {e}") from None
-    if any(v < 0 for v in parsed):
-        raise argparse.ArgumentTypeError(f"values must not be negative, got {text!r}")
-    return name, parsed
+def vary_keys(config=TrainConfig) -> dict[str, Check]:
+    """Every --vary key and its check: the config's flags (seeds have --seeds) and the sweep
+    options."""
+    keys = {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"}
+    return {**keys, **OPTIONS}
 
 
-def add_sweep_args(p: argparse.ArgumentParser) -> None:
-    add_train_args(p)
-    p.add_argument("--vary", type=vary_arg, action="append", required=True,
-                   help="NAME=V1,V2,... (repeatable): batch_size, lr, num_epochs, devices, "
-                        "warmup_epochs, nprocs (DDP processes; 0 = DataParallel)")
+def vary_type(config=TrainConfig):
+    """An argparse type: `lr=0.05,0.1` -> ("lr", [0.05, 0.1]), each value by the key's check;
+    a key may be a field's name or its flag's (`epochs`, `batch-size`)."""
+    keys = vary_keys(config)
+    aliases = {flag_name(f)[2:].replace("-", "_"): f.name for f in on_cli(config)}
+
+    def parse(text: str) -> tuple:
+        name, sep, values = text.partition("=")
+        name = name.strip().replace("-", "_")
+        name = aliases.get(name, name)
+        if name in ("seed", "seeds"):
+            raise argparse.ArgumentTypeError("seeds are not a --vary key; use --seeds 1,2")
+        if name not in keys:
+            raise argparse.ArgumentTypeError(f"unknown key {name!r}; known keys: "
+                                             f"{', '.join(keys)}")
+        if not sep or not values:
+            raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,..., got {text!r}")
+        try:
+            return name, [keys[name].parse(v) for v in values.split(",")]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{name}: {e}") from None
+    return parse
+
+
+def merge_vary(pairs) -> dict:
+    """A repeated key adds its values: `--vary lr=0.05 --vary lr=0.1` sweeps both."""
+    vary: dict = {}
+    for name, values in pairs:
+        have = vary.setdefault(name, [])
+        have += [v for v in values if v not in have]
+    return vary
+
+
+def add_sweep_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    add_train_args(p, config, out_help=argparse.SUPPRESS)     # refused: records go to --store
+    p.add_argument("--vary", type=vary_type(config), action="append", required=True,
+                   help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
+                        f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
+                        "DataParallel)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--store", required=True,
                    help="JSON Lines store: read, then one record appended per new point")
+    p.add_argument("--yes", action="store_true",
+                   help=f"train a sweep of more than {SWEEP_CAP} points (it is refused "
+                        f"otherwise; above {MAX_POINTS:,} always)")
+
+
+# A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours.
+SWEEP_CAP = 200
 
 
 def cmd_sweep(args) -> int:
+    if args.out:
+        raise ValueError("sweep has no --out: it appends every point to --store")
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    records = sweep(config_from_args(args), dict(args.vary), seeds=seeds, store=args.store,
-                    log=print)
+        seeds = [SEED.parse(s) for s in args.seeds.split(",")]
+    except ValueError as e:
+        raise ValueError(f"--seeds: {e}") from None
+    base, vary = config_from_args(args), merge_vary(args.vary)
+    n = count_points(vary, seeds)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
+                         "vary fewer values")
+    print(plan_line(base, vary, seeds), flush=True)
+    if n > SWEEP_CAP and not args.yes:
+        raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
+    records = sweep(base, vary, seeds=seeds, store=args.store, log=print)
     print(f"{len(records)} points in {args.store}")
     return 0
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=positive_int, default=5, help="timed steps per repeat")
-    p.add_argument("--batch-size", type=positive_int, default=256)
-    p.add_argument("--width", type=positive_int, default=64, help="ResNet width (64 = chapter)")
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
+    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
+    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64, help="ResNet width (64 = chapter)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="alternating rounds")
-    p.add_argument("--warmup-steps", type=positive_int, default=2)
-    p.add_argument("--workers", type=int, help="reference DataLoader workers (default: 4, "
+    p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
+    p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
+    p.add_argument("--workers", type=argtype(COUNT), help="reference DataLoader workers (default: 4, "
                                                "capped at the usable cores)")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                    help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
@@ -227,14 +253,14 @@ def _train_ddp(config, args):
         return None
 
 
-def add_worker_args(p: argparse.ArgumentParser) -> None:
-    add_train_args(p)
+def add_worker_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    add_train_args(p, config)
     p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=positive_float, default=COLLECTIVE_TIMEOUT_S,
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
                    help="seconds a collective may wait for a silent rank")
-    p.add_argument("--threads", type=positive_int,
+    p.add_argument("--threads", type=argtype(POSITIVE_INT),
                    help="CPU threads per process (default: its share of this node's cores)")
     p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
 
@@ -277,21 +303,21 @@ def cmd_pages(args) -> int:
 
 
 def add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nprocs", type=positive_int, default=2,
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), default=2,
                    help="DDP processes (default 2)")
     p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
                                      "(default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--bucket-cap-mb", type=positive_float,
+    p.add_argument("--bucket-cap-mb", type=argtype(POSITIVE_NUMBER),
                    help="trace this bucket cap only (default: small buckets, one bucket, and "
                         "one bucket with no_sync)")
-    p.add_argument("--accumulate", type=positive_int, default=1,
+    p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
                    help="with --bucket-cap-mb: micro-batches per step, all but the last under "
                         "no_sync")
-    p.add_argument("--steps", type=positive_int, default=2,
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=2,
                    help="steps recorded, after two unrecorded ones (default 2)")
     p.add_argument("--out", default="runs/trace",
                    help="folder for the per-rank Chrome traces and events.json")
-    p.add_argument("--timeout", type=positive_float, default=300.0,
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=300.0,
                    help="stop every process after this many seconds (default 300)")
 
 

@@ -232,7 +232,8 @@ def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
         raise DataError("source='local' needs a folder: pass root= or set MGPU_FASHION_MNIST_DIR")
     if local and source in ("auto", "local"):
         if not Path(local).is_dir():
-            raise DataError(f"the Fashion-MNIST folder named by {named} does not exist: {local}")
+            what = "is not a folder" if Path(local).exists() else "does not exist"
+            raise DataError(f"the Fashion-MNIST folder named by {named} {what}: {local}")
         return read_folder(local), "local"
     try:
         return read_folder(download(data_root())), "torchvision"

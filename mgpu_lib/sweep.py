@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
@@ -26,12 +27,16 @@ import torch
 from . import results
 from .ddp import LaunchError, launch
 from .record import LEGACY_SCHEMA, SCHEMA, final_test_acc, run_problem, sec_per_epoch
+from .settings import COUNT, NONNEGATIVE_NUMBER
 from .switches import SWITCH_FIELDS
 from .train import METRICS, TrainConfig, TrainResult, train
 
-# Sweep axes that are not TrainConfig fields: a linear lr warmup (epochs), and DDP processes
-# through `ddp.launch` (0 = the DataParallel `train`).
-OPTIONS = ("warmup_epochs", "nprocs")
+# Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
+# and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
+OPTIONS = {"warmup_epochs": NONNEGATIVE_NUMBER, "nprocs": COUNT}
+# Above this many points a sweep is refused before its list is built: 10**7 configs take
+# minutes just to construct, and no run of this book's network finishes that many.
+MAX_POINTS = 100_000
 
 
 @dataclass
@@ -150,12 +155,29 @@ def load_store(path) -> list[Record]:
     return list(by_key.values())
 
 
+def check_vary(base: TrainConfig, vary: dict) -> None:
+    """A ValueError for a key that is not a config field or an option (seeds have their own
+    argument)."""
+    known = [k for k in base.to_dict() if k != "seed"] + list(OPTIONS)
+    for k in vary:
+        if k == "seed":
+            raise ValueError("vary seeds with `seeds` (--seeds 1,2), not as a key")
+        if k not in known:
+            raise ValueError(f"unknown key {k!r}; known keys: {', '.join(known)}")
+
+
+def count_points(vary: dict, seeds: Sequence[int]) -> int:
+    """How many points `vary` x `seeds` has, without building them."""
+    return math.prod(len(v) for v in vary.values()) * len(seeds)
+
+
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
     """The cartesian product of `vary` and `seeds`, longest runs first (so short ones derive)."""
-    unknown = [k for k in vary if k not in base.to_dict() and k not in OPTIONS]
-    if unknown:
-        raise ValueError(f"cannot vary {', '.join(unknown)}: not a TrainConfig field or one of "
-                         f"{', '.join(OPTIONS)}")
+    check_vary(base, vary)
+    n = count_points(vary, seeds)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
+                         "vary fewer values")
     names = list(vary)
     points = []
     for values in itertools.product(*(vary[n] for n in names), seeds):

@@ -32,6 +32,8 @@ from .model import init_weights, resnet18
 from .profiles import Profile, active_profile
 from . import record
 from .results import ResultsError, write_json_atomic
+from .settings import (AUTO_FLAG, COUNT, FLAG, NAME, POSITIVE_INT, POSITIVE_NUMBER, SEED,
+                       one_of, setting, validate)
 from .switches import Switches, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
@@ -46,66 +48,47 @@ def diverged(loss: float) -> bool:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. `devices=None` uses every GPU (or the CPU). Validated on construction."""
-    devices: Optional[int] = None
-    batch_size: int = 256          # global batch: DataParallel splits it across devices
-    lr: float = 0.1
-    num_epochs: int = 10
-    seed: int = 0
-    width: int = 64                # 64 = the chapter's model
-    train_limit: Optional[int] = None
-    test_limit: Optional[int] = None
-    data_source: str = "auto"
-    allow_synthetic: bool = False
-    profile: str = "custom"        # the profile this config came from, recorded with results
-    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches below;
-    # each switch is True, False, or "auto" (switches.resolve_switches decides for the device).
-    fast: bool = True
-    device_data: Union[bool, str] = "auto"      # batches made on the device, no per-step sync
-    channels_last: Union[bool, str] = "auto"
-    bf16: Union[bool, str] = "auto"             # autocast to bf16; the weights stay fp32
-    norm_fp32: bool = False                     # under bf16: BatchNorm in fp32 (opt-in)
-    fp16: Union[bool, str] = "auto"             # CUDA: fp16 autocast + GradScaler (auto: T4, V100)
-    cudnn_benchmark: Union[bool, str] = "auto"
-    compile: Union[bool, str] = "auto"          # torch.compile; auto: off (compile time dominates)
-    eval_batch_size: Optional[int] = None       # None: 1024 (at least batch_size) on the fast path
-    num_workers: Optional[int] = None           # chapter loader; None: 4, capped at the cores
+    """One training run, validated on construction. Each setting is declared once, here: its
+    default, check and help make its command-line flag and its `--vary` key too (`settings`)."""
+    devices: Optional[int] = setting(
+        None, POSITIVE_INT, "number of GPUs (default: all; the CPU where there is none)",
+        optional=True)
+    batch_size: int = setting(256, POSITIVE_INT, "global batch size (DataParallel splits it)")
+    lr: float = setting(0.1, POSITIVE_NUMBER, "learning rate")
+    num_epochs: int = setting(10, POSITIVE_INT, "number of epochs", flag="--epochs")
+    seed: int = setting(0, SEED, "seeds the weights and the data shuffle")
+    width: int = setting(64, POSITIVE_INT, "ResNet width (64 = the chapter's)")
+    train_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced training subset",
+                                         optional=True)
+    test_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced test subset",
+                                        optional=True)
+    data_source: str = setting("auto", one_of(*SOURCES), "where Fashion-MNIST comes from")
+    allow_synthetic: bool = setting(False, FLAG, "let 'auto' fall back to synthetic data")
+    profile: str = setting("custom", NAME, "the profile this config came from (recorded)",
+                           cli=False)            # --profile picks the whole profile instead
+    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches
+    # below; each switch is True, False, or "auto" (switches.resolve_switches decides per device).
+    fast: bool = setting(True, FLAG, "the fast path; off: the chapter's loop")
+    device_data: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "batches made on the device, no per-step sync")
+    channels_last: Union[bool, str] = setting("auto", AUTO_FLAG, "channels_last memory format")
+    bf16: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                     "bf16 autocast; the weights stay fp32 (auto: GPUs with bf16)")
+    norm_fp32: bool = setting(False, FLAG, "under bf16: BatchNorm in fp32")
+    fp16: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                     "CUDA: fp16 autocast + GradScaler (auto: T4, V100)")
+    cudnn_benchmark: Union[bool, str] = setting("auto", AUTO_FLAG, "cudnn.benchmark")
+    compile: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                        "torch.compile (auto: off; compiling dominates)")
+    eval_batch_size: Optional[int] = setting(
+        None, POSITIVE_INT, "evaluation batch (default: 1024, at least the batch, when fast)",
+        optional=True)
+    num_workers: Optional[int] = setting(
+        None, COUNT, "the chapter loader's workers (default: 4, capped at the cores)",
+        optional=True)
 
     def __post_init__(self):
-        def positive_int(name, value, optional=False):
-            if optional and value is None:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        positive_int("devices", self.devices, optional=True)
-        positive_int("batch_size", self.batch_size)
-        positive_int("num_epochs", self.num_epochs)
-        positive_int("width", self.width)
-        positive_int("train_limit", self.train_limit, optional=True)
-        positive_int("test_limit", self.test_limit, optional=True)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and
-                                             math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        positive_int("eval_batch_size", self.eval_batch_size, optional=True)
-        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not
-                                             isinstance(self.num_workers, int) or
-                                             self.num_workers < 0):
-            raise ValueError(f"num_workers must be 0 or more, got {self.num_workers!r}")
-        for name in ("fast", "norm_fp32", "allow_synthetic"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.profile, str):
-            raise ValueError(f"profile must be a name (a string), got {self.profile!r}")
-        for name in ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark",
-                     "compile"):
-            value = getattr(self, name)
-            if not (isinstance(value, bool) or value == "auto"):
-                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
-        if self.data_source not in SOURCES:
-            raise ValueError(f"data_source must be one of {', '.join(SOURCES)}, "
-                             f"got {self.data_source!r}")
+        validate(self)
 
     @classmethod
     def from_profile(cls, profile: Optional[Profile] = None, **overrides) -> "TrainConfig":

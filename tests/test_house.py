@@ -8,15 +8,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_lib"
 FLOORS = [
     {"model", "devices", "data", "split", "scaling", "results", "supervise",    # ground
-     "style", "published"},
-    {"switches", "chapter", "profiles", "verdict", "evidence",
-     "events", "record"},                             # the loop's parts
+     "style", "settings", "published"},
+    {"switches", "chapter", "profiles", "verdict", "record",
+     "events", "evidence"},                                                     # the loop's parts
     {"train", "runtime"},                                                       # the loop
     {"ddp", "hetero"},                                                          # engines
     {"sweep", "bench", "accuracy", "pipeline", "dataparallel", "pages",
-     "trace"},        # experiments
-    {"plots", "figures", "tables", "diagnose", "timeline",
-     "__main__"},                     # faces
+     "trace"},                                                                  # experiments
+    {"plots", "figures", "tables", "plan", "timeline", "diagnose"},             # faces
+    {"__main__"},                           # the command line: over the faces it prints
 ]
 FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
 

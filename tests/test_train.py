@@ -1,9 +1,8 @@
 import json
-import subprocess
-import sys
 
 import pytest
 
+from mgpu_lib.__main__ import main
 from mgpu_lib.profiles import PROFILES, active_profile, get_profile
 from mgpu_lib.train import TrainConfig, TrainResult, train
 
@@ -49,7 +48,9 @@ def test_result_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("bad", [dict(batch_size=0), dict(lr=-0.1), dict(lr=float("nan")),
                                  dict(num_epochs=0), dict(devices=0), dict(width=0),
-                                 dict(data_source="web"), dict(train_limit=-5)])
+                                 dict(data_source="web"), dict(train_limit=-5),
+                                 dict(seed=2 ** 64), dict(seed=-1), dict(num_workers=-1),
+                                 dict(bf16="yes"), dict(fast=1), dict(eval_batch_size=0)])
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
@@ -63,9 +64,14 @@ def test_profiles(monkeypatch):
         active_profile()
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "mgpu_lib", *args], capture_output=True,
-                          text=True, timeout=300)
+def run_cli(capsys, *args):
+    """(exit code, stdout, stderr) of the command line, in this process."""
+    try:
+        code = main(list(args))
+    except SystemExit as e:          # argparse refusals
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -75,19 +81,21 @@ def run_cli(*args):
     (["--profile", "huge"], "unknown profile 'huge'"),
     (["--devices", "64"], "64 devices requested but this machine has"),
 ])
-def test_cli_rejects_bad_values_in_one_line(args, message):
-    p = run_cli("train", *args)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], p.stderr
-    assert "Traceback" not in p.stderr
+def test_cli_rejects_bad_values_in_one_line(capsys, args, message):
+    code, _, err = run_cli(capsys, "train", "--data-source", "synthetic", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
 
 
-def test_cli_trains_and_writes_json(tmp_path):
+def test_cli_trains_and_writes_json(tmp_path, capsys):
     out = tmp_path / "run.json"
-    p = run_cli("train", "--profile", "smoke", "--data-source", "synthetic", "--epochs", "1",
-                "--train-limit", "256", "--test-limit", "100", "--out", str(out))
-    assert p.returncode == 0, p.stderr
-    assert "test acc:" in p.stdout
+    code, stdout, err = run_cli(capsys, "train", "--profile", "smoke", "--data-source",
+                                "synthetic", "--epochs", "1", "--width", "4", "--train-limit",
+                                "256", "--test-limit", "100", "--out", str(out))
+    assert code == 0, err
+    assert "test acc:" in stdout
     saved = json.loads(out.read_text())
     assert saved["config"]["num_epochs"] == 1 and saved["status"] == "ok"
+    assert saved["config"]["width"] == 4 and saved["config"]["data_source"] == "synthetic"

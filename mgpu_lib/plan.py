@@ -1,0 +1,68 @@
+"""A sweep's plan, before anything trains: how many points, and how long they should take.
+
+    python -m mgpu_lib sweep --vary lr=0.05,0.1 --seeds 0,1 --store runs/lr.jsonl
+    plan: 4 points (lr 2 x seeds 2); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
+
+The time comes from the one run-time predictor (`runtime`), the one that predicts each page: a
+band from the fitted overheads on a GPU with a datasheet, the recorded 2-core CPUs' range on a
+CPU. Points that differ only in epochs are derived from the longest
+run (see `sweep`), so only the longest is counted. Stored points are skipped when the sweep runs,
+so the prediction is an upper bound.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from .devices import num_gpus
+from .pages import FULL_TEST, FULL_TRAIN, span
+from .runtime import Job, cpu_rates, cpu_seconds, gpu_band
+from .scaling import spec_for_name
+from .sweep import count_points
+from .train import TrainConfig
+
+# The settings that change a run's cost in the model; every other key only multiplies runs.
+SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
+MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no prediction (it is slow)
+
+
+def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]:
+    """What `sweep(base, vary, seeds)` trains, as `runtime` jobs (the longest epochs only)."""
+    runs = len(seeds) * math.prod(len(v) for k, v in vary.items()
+                                  if k not in SHAPE and k != "num_epochs")
+    epochs = max(vary.get("num_epochs", [base.num_epochs]))
+    return [Job("sweep", runs, width, batch, epochs, train or FULL_TRAIN, test or FULL_TEST,
+                devices=devices or max(1, num_gpus()))
+            for batch, width, train, test, devices in itertools.product(
+                *(vary.get(k, [getattr(base, k)]) for k in SHAPE))]
+
+
+def predict_seconds(jobs: Sequence[Job]) -> Optional[tuple[float, float, str]]:
+    """(low, high, on what) for `jobs` on this machine's first GPU, else on the recorded CPUs;
+    None where there is no datasheet or record to predict from."""
+    if torch.cuda.is_available():
+        spec = spec_for_name(torch.cuda.get_device_name(0))
+        if spec is None:
+            return None
+        return (*gpu_band(jobs, spec), spec.name)
+    rates = cpu_rates()
+    if not rates:
+        return None
+    times = [cpu_seconds(jobs, r) for r in rates.values()]
+    return min(times), max(times), f"a 2-core CPU like the {len(rates)} recorded"
+
+
+def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> str:
+    """One line: the points, how they multiply, and their predicted time (a prediction)."""
+    n = count_points(vary, seeds)
+    factors = " x ".join(f"{k} {len(v)}" for k, v in vary.items())
+    line = f"plan: {n:,} points ({factors} x seeds {len(seeds)})"
+    shapes = math.prod(len(vary.get(k, [0])) for k in SHAPE)
+    pred = predict_seconds(sweep_jobs(base, vary, seeds)) if shapes <= MAX_PREDICTED_JOBS else None
+    if pred is None:
+        return line + "; no time prediction here"
+    low, high, on = pred
+    return line + f"; predicted {span(low, high)} on {on}, at most (stored points are skipped)"
