@@ -85,14 +85,16 @@ def draw_overlap(run: TraceRun, *, overlap: Optional[float] = None, ax=None,
     overlap = Overheads().overlap if overlap is None else overlap
     rows = overlap_rows(run, overlap)
     ys = range(len(rows))
-    ax.barh([y - 0.2 for y in ys], [r[6] for r in rows], height=0.38, color="C1",
-            label="measured in the trace")
-    ax.barh([y + 0.2 for y in ys], [r[7] for r in rows], height=0.38, color="0.6",
-            label=f"step-time model ({overlap:g} x backward can hide it)")
+    measured = ax.barh([y - 0.2 for y in ys], [r[6] for r in rows], height=0.38, color="C1",
+                       label="measured in the trace")
+    model = ax.barh([y + 0.2 for y in ys], [r[7] for r in rows], height=0.38, color="0.6",
+                    label=f"step-time model ({overlap:g} x backward can hide it)")
+    for bars in (measured, model):      # a 0% bar is invisible; its label is not
+        ax.bar_label(bars, fmt="%d%%", padding=2, fontsize=8)
     ax.set_yticks(list(ys))
     ax.set_yticklabels([r[0] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, 100)
+    ax.set_xlim(0, 112)
     ax.set_xlabel("% of all-reduce time hidden behind backward")
     legend_below(ax, ncol=1)
     set_title(ax, title)
