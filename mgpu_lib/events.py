@@ -122,7 +122,8 @@ def read_trace(path, variant: str = "", rank: int = 0) -> RankTrace:
     `ProfilerStep#N` marks); the bucket count comes from its `otherData.mgpu` entry."""
     doc = json.loads(Path(path).read_text())
     raw = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in raw if STEP.match(e["name"]))
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in raw if STEP.match(e["name"])
+                   and e.get("cat") != "gpu_user_annotation")     # the GPU's copy of the mark
     if not steps:
         raise ValueError(f"{path} has no ProfilerStep marks: not a trace of recorded steps")
     gpu = any(e.get("cat") == "kernel" for e in raw)

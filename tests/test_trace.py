@@ -100,6 +100,8 @@ def test_no_sync_micro_batches_have_their_own_backward_spans():
 
 def test_a_gpu_trace_reads_kernels_by_the_step_that_launched_them(tmp_path):
     ev = [x("ProfilerStep#2", 0, 1000, cat="user_annotation"),
+          x("ProfilerStep#2", 1100, 900, tid=7, cat="gpu_user_annotation"),  # the GPU's copy
+          x("forward", 1200, 50, cat="user_annotation"),                      # after the step
           x("forward", 10, 200, cat="user_annotation"),
           x("backward", 300, 300, cat="user_annotation"),
           x("cudaLaunchKernel", 350, 5, cat="cuda_runtime", correlation=7),
@@ -110,6 +112,7 @@ def test_a_gpu_trace_reads_kernels_by_the_step_that_launched_them(tmp_path):
           x("sm80_xmma_fprop", 1300, 10, tid=7, cat="kernel", correlation=8),
           x("nccl:all_reduce", 400, 3, cat="cpu_op")]                          # only the launch
     t = read_trace(chrome_trace(tmp_path / "g.json", ev))
+    assert t.steps == 1                 # the GPU's copy of the step mark is no step of its own
     assert [(e.kind, e.name[:4]) for e in t.events if e.kind != "forward"] == \
         [("backward", "sm80"), ("allreduce", "nccl")]
     assert measure_overlap(t).hidden_s == pytest.approx(30e-6)
