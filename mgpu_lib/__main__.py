@@ -355,9 +355,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, DeviceError, DataError, ResultsError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:     # Ctrl-C; or SIGTERM during a DDP job (`Terminated`)
+        print(f"python -m mgpu_lib {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
 
 
 if __name__ == "__main__":

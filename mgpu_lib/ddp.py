@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
@@ -21,13 +22,14 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from .data import DeviceLoader, load_subsets
+from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .results import check_writable, write_json_atomic
-from .supervise import WORKER_ERROR, LaunchError, RankInputError, failure_message, supervise
+from .supervise import LaunchError, RankInputError, failure, supervise
 from .switches import prepare_model, resolve_switches
 from .train import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
                     make_step)
@@ -50,11 +52,14 @@ class CheckpointError(ValueError):
 # ---- pure arithmetic --------------------------------------------------------------------------
 
 def choose_backend(backend: str = "auto") -> str:
-    """`nccl` where CUDA exists, `gloo` elsewhere (`auto`), or the one asked for."""
+    """`nccl` where CUDA and NCCL exist, `gloo` elsewhere (`auto`), or the one asked for.
+    Windows and macOS builds of torch have no NCCL ("Windows supports all collective
+    communications backend but NCCL", pytorch.org/docs/stable/distributed), so DDP there is
+    gloo processes on the CPU, GPUs or not."""
     if backend not in ("auto", "nccl", "gloo"):
         raise ValueError(f"backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "auto":
-        return "nccl" if num_gpus() > 0 else "gloo"
+        return "nccl" if num_gpus() > 0 and dist.is_nccl_available() else "gloo"
     return backend
 
 
@@ -135,6 +140,13 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
     return folder / CKPT_NAME
 
 
+def check_fresh(folder) -> None:
+    """Refuse to start a run (not `--resume`) over a checkpoint that is already in `folder`."""
+    if folder and (Path(folder) / CKPT_NAME).exists():
+        raise CheckpointError(f"{Path(folder) / CKPT_NAME} exists (from an earlier run); use "
+                              f"--resume to continue it, or another --checkpoint folder")
+
+
 def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[dict]:
     """The checkpoint in `folder`, checked against this run; None if there is none.
 
@@ -167,7 +179,8 @@ def _read_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:         # zip, pickle and EOF errors: all mean "not a whole file"
-        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        first = textwrap.shorten((str(e).splitlines() or [type(e).__name__])[0], 120,
+                                 placeholder=" ...")
         raise CheckpointError(f"checkpoint {path.name} in {path.parent.name!r} is truncated "
                               f"or corrupt ({first}); delete it or run without --resume") from None
     problem = _checkpoint_problem(state)
@@ -189,6 +202,13 @@ def _checkpoint_problem(state) -> Optional[str]:
     if not isinstance(state["config"], dict) or not isinstance(state["epoch"], int) or \
             not isinstance(state["result"], dict) or any(m not in state["result"] for m in METRICS):
         return "a malformed config, epoch or result"
+    if state["epoch"] < 0 or any(len(state["result"][m]) != state["epoch"] for m in METRICS):
+        return f"epoch {state['epoch']} does not match its {len(state['result']['train_loss'])} " \
+               f"recorded epochs"
+    optimizer = state["optimizer"]
+    if not isinstance(state["model"], dict) or not isinstance(optimizer, dict) or \
+            any(k not in optimizer for k in ("state", "param_groups")):
+        return "no model or optimizer state"
     return None
 
 
@@ -214,16 +234,29 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
 
 # ---- one rank ---------------------------------------------------------------------------------
 
-def run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: bool = False,
-        out=None, timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
-        log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
+@record     # an exception goes to this rank's TORCHELASTIC_ERROR_FILE, for `supervise.failure`
+def run(config: TrainConfig, **kw) -> Optional[TrainResult]:
     """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment).
 
-    On CPU each process uses `threads` threads, by default its share of this node's cores.
+    Keywords as `_run`. Bad input (missing data, a bad checkpoint) is raised as a
+    `RankInputError`, so that the launcher reads a user error from the rank's error file.
+    """
+    try:
+        return _run(config, **kw)
+    except (ValueError, DataError, DeviceError) as e:
+        raise RankInputError(str(e)) from e
+
+
+def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: bool = False,
+         out=None, timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
+         log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
+    """On CPU each process uses `threads` threads, by default its share of this node's cores.
     `timeout_s` bounds how long a collective waits for a silent rank. Returns the `TrainResult`
     on rank 0 (which also writes it to `out` and calls `log` with its progress lines), else None.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if checkpoint and not resume:
+        check_fresh(checkpoint)      # before any rendezvous: every rank refuses alike
     backend = choose_backend(backend)
     local_batch = local_batch_size(config.batch_size, world)   # fail before any rendezvous
     if backend == "nccl":
@@ -234,14 +267,14 @@ def run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: 
         torch.set_num_threads(threads or cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE",
                                                                          world))))
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    try:
-        result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume,
-                      log if rank == 0 else None)
-        if rank == 0 and out:
-            result.save(out)
-        return result if rank == 0 else None
-    finally:
-        dist.destroy_process_group()
+    # No `finally`: after an exception the process exits, and destroying the group first could
+    # wait on a peer, delaying the error file that tells the launcher which rank failed.
+    result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume,
+                  log if rank == 0 else None)
+    if rank == 0 and out:
+        result.save(out)
+    dist.destroy_process_group()
+    return result if rank == 0 else None
 
 
 def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, device):
@@ -335,6 +368,8 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
         check_writable(Path(checkpoint) / CKPT_NAME)     # a folder we cannot write: now
     if checkpoint and resume:
         load_checkpoint(checkpoint, config, nprocs)      # a bad checkpoint: one line, now
+    elif checkpoint:
+        check_fresh(checkpoint)                          # never overwrite another run's
     with tempfile.TemporaryDirectory(prefix="mgpu-ddp-") as tmp:
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
         write_json_atomic(cfg, config.to_dict())
@@ -342,13 +377,15 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
                 "--timeout", str(collective_timeout_s)]
         if checkpoint:
             args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
+        logs = Path(tmp) / "logs"    # torchrun gives each rank an error file under it
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nprocs}", "--max-restarts=0", "-m", "mgpu_lib", "worker",
-               *args]
+               f"--nproc-per-node={nprocs}", "--max-restarts=0", f"--log-dir={logs}",
+               "-m", "mgpu_lib", "worker", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
-        code, tail = supervise(cmd, env, timeout_s, log)
-        if code != 0:
-            own = any(WORKER_ERROR.search(line) for line in tail)
-            raise (RankInputError if own else LaunchError)(failure_message(code, tail))
+        if os.name == "nt":    # torch's Windows wheels have no libuv, which torchrun's store
+            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils/distributed.py)
+        ended = supervise(cmd, env, timeout_s, log, log_dir=logs)
+        if ended.code != 0:
+            raise failure(ended)
         return TrainResult.load(out)

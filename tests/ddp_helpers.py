@@ -1,10 +1,17 @@
-"""Shared by the DDP tests: a tiny job's config, and finding a worker process by its rank."""
+"""Shared by the DDP tests: a tiny job's config, finding a worker process by its rank (psutil,
+on any platform), error files written as torch writes them, and a worker made to raise."""
 import os
+import time
 from pathlib import Path
 
-from mgpu_lib import supervise
+import psutil
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
 from mgpu_lib.profiles import get_profile
 from mgpu_lib.train import TrainConfig
+
+# On PYTHONPATH, this folder's sitecustomize makes a DDP worker raise MGPU_TEST_RAISE.
+HOOKS = Path(__file__).resolve().parent / "worker_hooks"
 
 
 def source() -> str:
@@ -19,14 +26,54 @@ def tiny(**kw) -> TrainConfig:
     return TrainConfig.from_profile(get_profile("smoke"), **base)
 
 
+def workers() -> list:
+    """The DDP workers below this test process."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "RANK" in p.environ() and "worker" in p.cmdline():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
 def rank_pid(rank: int) -> int:
     """The pid of a DDP worker below this test process whose RANK is `rank`, or 0."""
-    for pid in supervise._descendants(os.getpid()):
+    for p in workers():
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            if p.environ().get("RANK") == str(rank):
+                return p.pid
+        except psutil.Error:
             continue
-        if f"RANK={rank}".encode() in environ and b"worker" in cmdline:
-            return pid
     return 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def write_error_file(log_dir: Path, rank: int, error: BaseException, monkeypatch) -> Path:
+    """`error`, raised and recorded by torch's own ErrorHandler where torchrun puts rank
+    `rank`'s error file (`<log_dir>/<run>/attempt_0/<rank>/error.json`)."""
+    path = Path(log_dir) / "none_abc" / "attempt_0" / str(rank) / "error.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    try:
+        raise error
+    except BaseException as e:
+        ErrorHandler().record_exception(e)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    return path
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False

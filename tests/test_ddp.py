@@ -19,7 +19,7 @@ from mgpu_lib import ddp, scaling, supervise
 from mgpu_lib.__main__ import main
 from mgpu_lib.train import TrainConfig, TrainResult, make_model, make_step
 
-from ddp_helpers import rank_pid, source, tiny
+from ddp_helpers import rank_pid, source, tiny, write_error_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,6 +87,7 @@ def _rank_step(rank: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_half_batches_equal_one_process_on_the_batch(tmp_path):
     torch.set_num_threads(1)
     mp.spawn(_rank_step, args=(str(tmp_path),), nprocs=2, join=True)
@@ -108,6 +109,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine(tmp_path):
     port, out = _free_port(), tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
@@ -130,6 +132,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert result.steps_per_epoch == 12      # 200 images per rank, 12 full batches of 16
 
 
+@pytest.mark.slow
 def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     config = tiny(num_epochs=3, train_limit=2400)
     ckpt, failure = tmp_path / "ckpt", {}
@@ -165,21 +168,33 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert result.status == "ok"
 
 
-def test_failure_message_names_the_root_cause_rank():
-    killed = ["[rank0]: RuntimeError: Connection reset by peer", "Failures:", "  rank      : 0",
-              "  traceback : Signal 15 (SIGTERM) received by PID 11",
-              "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
-              "  exitcode  : -9 (pid: 12)", "  traceback : Signal 9 (SIGKILL) received by PID 12"]
-    assert supervise.failure_message(1, killed) == \
+def test_failure_names_the_rank_from_its_error_file_or_its_signal(tmp_path, monkeypatch):
+    """torchrun's per-rank error files name the rank and its exception; a rank a signal ended
+    writes none, so torchrun's "Signal 9 (SIGKILL) received by PID" line and the pid name it."""
+    killed = supervise.Ended(1, ["  traceback : Signal 15 (SIGTERM) received by PID 11",
+                                 "  traceback : Signal 9 (SIGKILL) received by PID 12"],
+                             ranks={11: 0, 12: 1})
+    assert str(supervise.failure(killed)) == \
         "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 12"
-    crashed = ["[rank1]: Traceback (most recent call last):",
-               "[rank1]: ZeroDivisionError: division by zero",
-               "[rank0]: RuntimeError: Connection reset by peer",
-               "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
-               "  exitcode  : 1 (pid: 12)", "  traceback : To enable traceback see: ..."]
-    assert supervise.failure_message(1, crashed) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    told = ["mgpu_lib worker rank 0: error: batch size 30 does not split evenly"]
-    assert supervise.failure_message(1, told) == "DDP rank 0 failed: batch size 30 does not split evenly"
+    write_error_file(tmp_path, 0, RuntimeError("[/x/pair.cc:589] Connection closed by peer: "
+                                               "timed out"), monkeypatch)
+    write_error_file(tmp_path, 1, ZeroDivisionError("division by zero"), monkeypatch)
+    crashed = supervise.Ended(1, ["[rank0]: RuntimeError: noise"] + ["busy"] * 100,
+                              log_dir=str(tmp_path))
+    error = supervise.failure(crashed)     # rank 0 only waited for rank 1: its timeout is second
+    assert type(error) is supervise.LaunchError
+    assert str(error) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
+    ours = supervise.Ended(1, killed.lines, ranks={12: 1}, stopped={12}, log_dir=str(tmp_path))
+    assert str(supervise.failure(ours)) == str(error)     # a kill of ours is not the cause
+    told = tmp_path / "told"
+    write_error_file(told, 0, supervise.RankInputError("batch size 30 does not split evenly"),
+                     monkeypatch)
+    error = supervise.failure(supervise.Ended(1, [], log_dir=str(told)))
+    assert type(error) is supervise.RankInputError
+    assert str(error) == "DDP rank 0 failed: batch size 30 does not split evenly"
+    nothing = supervise.Ended(1, ["torchrun: error: bad flag", ""], log_dir=str(tmp_path / "no"))
+    assert str(supervise.failure(nothing)) == \
+        "DDP job failed (torchrun exit code 1): torchrun: error: bad flag"
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -246,6 +261,7 @@ def test_cli_nprocs_needs_ddp(capsys):
     assert "need --strategy ddp" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_entry_point_needs_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     run = subprocess.run([sys.executable, "-m", "mgpu_lib", "worker", "--profile", "smoke"], cwd=REPO,

@@ -1,20 +1,25 @@
 """Faults from the DDP issue, one test each: what used to go wrong (each docstring's "Before"),
 and what happens now. DDP jobs are tiny (width 4, 400 images, gloo on the CPU)."""
+import _pickle
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
+import torch.distributed
 
 from mgpu_lib import ddp, supervise, sweep
 from mgpu_lib.__main__ import main
 from mgpu_lib.train import TrainConfig, TrainResult, make_model
 
-from ddp_helpers import rank_pid, source, tiny
+from ddp_helpers import (HOOKS, alive, rank_pid, source, tiny, wait_for, workers,
+                         write_error_file)
 
 
 # The CLI flags that make `tiny()` (its checkpoint keys match, so --resume finds its checkpoint).
@@ -51,6 +56,7 @@ def _one_line(err: str) -> bool:
 
 # ---- 1. divergence under DDP ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ddp_divergence_exits_3_with_its_result(tmp_path, capsys):
     """Before: a diverged DDP run exited 1 ("exit code 3" from a rank) and wrote no --out."""
     out = tmp_path / "d.json"
@@ -61,6 +67,7 @@ def test_ddp_divergence_exits_3_with_its_result(tmp_path, capsys):
     assert printed.out.count("diverged after 1 epoch") == 1      # the summary, once
 
 
+@pytest.mark.slow
 def test_sweep_stores_a_diverged_ddp_point_and_goes_on(tmp_path):
     """Before: a diverged DDP point was a LaunchError (its ranks exited 3) that ended the sweep."""
     store = tmp_path / "s.jsonl"
@@ -106,32 +113,48 @@ def test_unwritable_checkpoint_fails_before_training(tmp_path, capsys, no_job, u
     assert _one_line(err) and str(blocker) in err, err
 
 
-def test_a_worker_exception_far_from_the_end_is_the_failure_line():
-    """Before: only the last 60 lines were kept, so an earlier exception became "exit code 1"."""
-    shaped = ("print('[rank1]: Traceback (most recent call last):');"
-              "print('[rank1]: ZeroDivisionError: division by zero');"
-              "[print(f'[rank0]: busy {i}') for i in range(100)];"
-              "print('Root Cause (first observed failure):');"
-              "print('  rank      : 1 (local_rank: 1)'); print('  exitcode  : 1 (pid: 12)');"
-              "print('  traceback : To enable traceback see: ...'); raise SystemExit(1)")
-    code, lines = supervise.supervise([sys.executable, "-c", shaped], dict(os.environ), 30)
-    assert code == 1
-    assert supervise.failure_message(code, lines) == \
-        "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    plain = "print('ValueError: boom'); [print(i) for i in range(100)]; raise SystemExit(1)"
-    code, lines = supervise.supervise([sys.executable, "-c", plain], dict(os.environ), 30)
-    assert "ValueError: boom" in supervise.failure_message(code, lines)
+# The exceptions the old pattern (`^\w*(Error|Exception)`) missed: their names are dotted.
+DOTTED = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+          torch.distributed.DistNetworkError("Connection reset by peer"),
+          _pickle.UnpicklingError("invalid load key, 'x'.")]
+DOTTED_NAMES = ["torch.OutOfMemoryError", "torch.distributed.DistNetworkError",
+                "_pickle.UnpicklingError"]
+
+
+@pytest.mark.parametrize("error,name", list(zip(DOTTED, DOTTED_NAMES)), ids=DOTTED_NAMES)
+def test_a_dotted_exception_is_named_with_its_rank(tmp_path, monkeypatch, error, name):
+    """Before: "DDP rank 0 failed: exit code 1" (the pattern missed dotted names). Now the
+    rank's torchelastic error file names the exception, however long the output after it."""
+    write_error_file(tmp_path, 1, error, monkeypatch)
+    ended = supervise.Ended(1, [f"[rank0]: busy {i}" for i in range(100)], log_dir=str(tmp_path))
+    assert str(supervise.failure(ended)) == f"DDP rank 1 failed: {name}: {error}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,error", list(zip(DOTTED_NAMES, DOTTED)), ids=DOTTED_NAMES)
+def test_a_worker_raising_a_dotted_exception_is_named(monkeypatch, name, error):
+    """The same, end to end: rank 1 of a real torchrun job raises it (tests/worker_hooks)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(HOOKS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    monkeypatch.setenv("MGPU_TEST_RAISE", f"{name}: {error}")
+    monkeypatch.setenv("MGPU_TEST_RANK", "1")
+    with pytest.raises(supervise.LaunchError) as failed:
+        ddp.launch(tiny(), 2, timeout_s=120)
+    assert str(failed.value).startswith(f"DDP rank 1 failed: {name}: {error}"), failed.value
+
+
+@pytest.mark.slow
+def test_the_shortest_collective_timeout_names_its_cause(capsys):
+    """Before: `--timeout 0.001` said "DDP rank 0 failed: exit code 1"."""
+    code = main(ddp_train("--epochs", "1", "--timeout", "0.001"))
+    err = capsys.readouterr().err
+    assert code == 1 and _one_line(err), err
+    assert "DistNetworkError" in err or "DistStoreError" in err or "timed out" in err, err
 
 
 # ---- 3. a hung rank ---------------------------------------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
+@pytest.mark.slow
 def test_a_stopped_rank_fails_the_job_within_the_collective_timeout():
     """Before: a SIGSTOPped rank left the others waiting silently for 30 minutes."""
     failure, victim, started = {}, 0, threading.Event()
@@ -160,14 +183,13 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout():
         # rank 0 waited in a collective and timed out; rank 1 was then killed
         assert "rank 0 failed" in failure["error"], failure["error"]
         assert "a collective timed out" in failure["error"], failure["error"]
-        assert not _alive(victim) and rank_pid(0) == 0 and rank_pid(1) == 0
+        assert not alive(victim) and rank_pid(0) == 0 and rank_pid(1) == 0
     finally:                            # never leave a stopped worker behind
         try:
-            if victim and _alive(victim) and \
-                    b"worker" in Path(f"/proc/{victim}/cmdline").read_bytes():
+            if victim and alive(victim) and "worker" in psutil.Process(victim).cmdline():
                 os.kill(victim, signal.SIGCONT)
                 os.kill(victim, signal.SIGKILL)
-        except OSError:                 # it went away meanwhile
+        except (OSError, psutil.Error):     # it went away meanwhile
             pass
         thread.join(60)
 
@@ -184,6 +206,7 @@ def test_train_config_rejects_wrong_types(field, value):
 
 # ---- 5. a data error under DDP ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ddp_data_error_exits_2_in_one_line(tmp_path, monkeypatch, capsys):
     """Before: a missing MGPU_FASHION_MNIST_DIR under DDP exited 1 (a LaunchError), not 2."""
     monkeypatch.setenv("MGPU_FASHION_MNIST_DIR", str(tmp_path / "missing"))
@@ -221,3 +244,80 @@ def test_resume_with_fewer_epochs_than_the_checkpoint_is_refused(tmp_path, capsy
     err = capsys.readouterr().err
     assert _one_line(err) and "has 3 epochs, more than --epochs 1" in err, err
     assert path.read_bytes() == before                 # nothing trained, nothing saved
+
+
+# ---- round two: an existing checkpoint, a malformed one, SIGTERM --------------------------
+
+def test_checkpoint_without_resume_refuses_to_overwrite(tmp_path, capsys, no_job):
+    """Before: --checkpoint DIR without --resume silently replaced DIR/last.pt, even another
+    width's."""
+    path = _checkpoint(tmp_path, tiny(width=8), 1)
+    before = path.read_bytes()
+    with pytest.raises(ddp.CheckpointError, match="use --resume to continue it, or another"):
+        ddp.launch(tiny(), 2, checkpoint=tmp_path)
+    assert main(ddp_train("--checkpoint", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert _one_line(err) and "--resume" in err and str(path) in err, err
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("change,problem", [
+    (lambda s: s.update(optimizer={}), "no model or optimizer state"),
+    (lambda s: s.update(model=None), "no model or optimizer state"),
+    (lambda s: s.update(epoch=-3), "epoch -3 does not match its 1 recorded epochs"),
+    (lambda s: s.update(epoch=8), "epoch 8 does not match")], ids=["optimizer-{}", "model-None",
+                                                                   "epoch--3", "epoch-8"])
+def test_a_malformed_checkpoint_is_a_one_line_error(tmp_path, capsys, no_job, change, problem):
+    """Before: an optimizer state {} was KeyError: 'param_groups' after the job started, and
+    epoch -3 trained "epoch 8/3"."""
+    path = _checkpoint(tmp_path, tiny(num_epochs=3), 1)
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+    with pytest.raises(ddp.CheckpointError, match=problem):
+        ddp.load_checkpoint(tmp_path, tiny(num_epochs=3), 2)
+    assert main(ddp_train("--epochs", "3", "--checkpoint", str(tmp_path), "--resume")) == 2
+    err = capsys.readouterr().err
+    assert _one_line(err) and problem in err, err
+
+
+def test_a_checkpoint_cause_is_cut_at_a_word(tmp_path, monkeypatch):
+    """Before: the cause was cut at 120 characters, mid-word."""
+    _checkpoint(tmp_path, tiny(), 1)
+
+    def unreadable(*args, **kw):
+        raise RuntimeError("unpickling " * 30)
+    monkeypatch.setattr(torch, "load", unreadable)
+    with pytest.raises(ddp.CheckpointError) as bad:
+        ddp.load_checkpoint(tmp_path, tiny(), 2)
+    cause = str(bad.value).split("(", 1)[1].split(")")[0]
+    assert cause.endswith(" ...") and set(cause[:-4].split()) == {"unpickling"}, cause
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_ddp_job_like_ctrl_c(tmp_path):
+    """Before: SIGTERM to `train --strategy ddp` exited 143 with no message and left
+    /tmp/mgpu-ddp-*/config.json behind."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "mgpu_lib", *ddp_train("--epochs", "50")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        ranks = []
+
+        def two_ranks():
+            ranks[:] = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if p in workers()]
+            return len(ranks) == 2
+        if not (wait_for(two_ranks, 180) and list(tmp_path.glob("mgpu-ddp-*"))):
+            proc.kill()
+            pytest.fail(f"no job started: {proc.communicate()[1][-2000:]}")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert _one_line(err) and "SIGTERM" in err, err
+    assert not list(tmp_path.glob("mgpu-ddp-*"))
+    assert not any(alive(p.pid) for p in ranks)
