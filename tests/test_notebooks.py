@@ -1,4 +1,5 @@
 """Static checks of the committed notebooks: what `pytest --nbval` does not look at."""
+import importlib.util
 import re
 from pathlib import Path
 
@@ -8,6 +9,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+# The book's Sphinx extension that adds the Kaggle button (a plain module in _ext/).
+_spec = importlib.util.spec_from_file_location("launch_kaggle", ROOT / "_ext" / "launch_kaggle.py")
+kaggle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kaggle)
+
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/)")
 
 
@@ -30,10 +36,31 @@ def test_title_and_setup_cell(path):
     nb = nbformat.read(path, as_version=4)
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     setup = next(c for c in nb.cells if c.cell_type == "code")
-    repo_url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    assert f'REPO_URL = "{repo_url}"' in setup.source, "setup cell must install from _config.yml's URL"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    repo_url, branch = config["repository"]["url"], config["repository"]["branch"]
+    assert f'REPO_URL = "{repo_url}"' in setup.source, \
+        "setup cell must install from _config.yml's URL: run tools/set_repository.py"
+    assert "google.colab" in setup.source and "KAGGLE_KERNEL_RUN_TYPE" in setup.source
+    # The launch links follow the same setting: the theme's Colab link, and Kaggle's from it.
+    where = f"{repo_url.removeprefix('https://github.com/')}/blob/{branch}/{path.relative_to(ROOT)}"
+    colab = f"{config['launch_buttons']['colab_url']}/github/{where}"
+    assert kaggle.kaggle_url(colab) == f"https://kaggle.com/kernels/welcome?src={repo_url}/blob/" \
+        f"{branch}/{path.relative_to(ROOT)}"
+    assert config["sphinx"]["local_extensions"]["launch_kaggle"] == "_ext"
     assert f'PROFILE, SETUP = setup_page("{path.stem}")' in setup.source, "setup_page(<stem>)"
     assert "print(SETUP)" in setup.source
+
+
+def test_the_kaggle_button_follows_colabs():
+    colab = "https://colab.research.google.com/github/o/r/blob/main/chapters/05_ddp.ipynb"
+    launch = {"label": "launch-buttons", "buttons": [{"text": "Binder"}, {"text": "Colab",
+                                                                          "url": colab}]}
+    context = {"header_buttons": [{"label": "download-buttons"}, launch]}
+    kaggle.add_kaggle(None, "chapters/05_ddp", "page.html", context, None)
+    kaggle.add_kaggle(None, "chapters/05_ddp", "page.html", context, None)    # once only
+    assert [b["text"] for b in launch["buttons"]] == ["Binder", "Colab", "Kaggle"]
+    assert launch["buttons"][2]["url"] == \
+        "https://kaggle.com/kernels/welcome?src=https://github.com/o/r/blob/main/chapters/05_ddp.ipynb"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
