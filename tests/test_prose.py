@@ -7,6 +7,7 @@ by s, ms, min, %, x/×, images/s or points. A run's result, a record, a predicti
 figure belongs in a cell and is glued (`{glue:text}`name:.2f``). The few numbers that look
 measured but are not sit in ALLOWED, each with the reason.
 """
+import functools
 import re
 from pathlib import Path
 
@@ -137,3 +138,48 @@ def test_a_stale_number_in_a_markdown_cell_fails(tmp_path):
     path = tmp_path / "stale.ipynb"
     nbformat.write(nb, path)
     assert offences([path], tmp_path) == [f"stale.ipynb, cell 2 ({nb.cells[2].id}): '0.93x'"]
+
+
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`(?:([^`:]+?)::)?([\w.]+)(?::[^`]*)?`")
+STRING = re.compile(r"""(f?)(["'])([^"'\n]*?)\2""")
+
+
+@functools.lru_cache(maxsize=None)
+def glued_keys(path: Path) -> list[re.Pattern]:
+    """A pattern for every string in the code cells that call glue: a key is glued by name
+    (`glue("acc", ...)`), from a dict of names, or from an f-string, whose fields match any
+    name (`f"{name}_acc1"` glues d2l_acc1 and neu_acc1)."""
+    nb = nbformat.read(path, as_version=4)
+    keys = []
+    for c in nb.cells:
+        if c.cell_type == "code" and "glue(" in c.source:
+            for f, _, text in STRING.findall(c.source):
+                parts = re.split(r"\{[^}]*\}", text) if f else [text]
+                keys.append(re.compile(r"\w*".join(map(re.escape, parts)) + r"$"))
+    return keys
+
+
+def unglued(path: Path, root: Path = ROOT) -> list[str]:
+    """Keys the page's prose pastes that no code cell of the page it names glues."""
+    missing = []
+    for label, text in cells(path):
+        for doc, key in GLUE_ROLE.findall(text):
+            source = (path.parent / doc) if doc else path
+            if not any(k.match(key) for k in glued_keys(source)):
+                missing.append(f"{path.relative_to(root)}, {label}: {key!r}")
+    return missing
+
+
+def test_every_pasted_key_is_glued_by_its_page():
+    missing = [m for path in pages() for m in unglued(path)]
+    assert not missing, "pasted but never glued:\n  " + "\n  ".join(missing)
+
+
+def test_a_pasted_key_nobody_glues_is_caught(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("{glue:text}`acc:.2f` and {glue:text}`ac:.2f`"),
+                nbformat.v4.new_code_cell('glue("acc", 0.9)\nglue(f"{n}_s1", 3.0)'),
+                nbformat.v4.new_code_cell('x = "ac"  # a string in a cell that glues nothing'),
+                nbformat.v4.new_markdown_cell("{glue:text}`d2l_s1:.1f`")]
+    nbformat.write(nb, tmp_path / "p.ipynb")
+    assert [m.split(": ")[1] for m in unglued(tmp_path / "p.ipynb", tmp_path)] == ["'ac'"]
