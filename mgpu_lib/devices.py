@@ -36,7 +36,8 @@ def try_gpu(i: int = 0) -> torch.device:
 
 
 def try_all_gpus() -> list[torch.device]:
-    """All GPUs, or `[mps]`, or `[cpu]`: never empty, unlike D2L's version."""
+    """All GPUs, or `[mps]`, or `[cpu]`: never empty. d2l-en 1.x's `try_all_gpus` returns `[]`
+    without a GPU, whatever its docstring says (d2l-zh's returns `[cpu]`)."""
     n = num_gpus()
     if n:
         return [torch.device(f"cuda:{i}") for i in range(n)]
