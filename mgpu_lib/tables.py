@@ -75,11 +75,12 @@ def fmt(value: Any) -> str:
 
 
 def mean_std(mean: float, std: Optional[float] = None, *, diverged: bool = False) -> str:
-    """"0.812 ± 0.051", the std to the mean's decimals; "diverged" where there is no mean
-    (every seed diverged); the mean alone where there is no std (one seed)."""
+    """"0.770 ± 0.050": the mean to three significant figures, the std to its decimals;
+    "diverged" where there is no mean (every seed diverged); the mean alone without a std."""
     if diverged or mean is None or math.isnan(mean):
         return "diverged"
-    text = fmt(float(mean))
+    mean = float(mean)  # three significant figures, trailing zeros kept: 0.770, not 0.77
+    text = f"{mean:#.3g}".rstrip(".") if abs(mean) < 1000 else fmt(mean)
     if std is None or math.isnan(std):
         return text
     decimals = len(text.split(".")[1]) if "." in text else 0

@@ -33,7 +33,8 @@ pre {{ overflow-x: auto; }} .pst-scrollable-table-container {{ overflow-x: auto;
 </head><body><main><article class="bd-article">
 <section id="{name}">
 <h1><span class="section-number">{number}. </span>A page<a class="headerlink" href="#">#</a></h1>
-<section id="part"><h2><span class="section-number">{number}.1. </span>Part<a class="headerlink" href="#">#</a></h2>
+<section id="part">
+<h2><span class="section-number">{number}.1. </span>Part<a class="headerlink" href="#">#</a></h2>
 <p>Prose that may name NaN as a concept, and code like <code>math.isnan(x)</code>.</p>
 {body}
 </section></section>
@@ -105,7 +106,8 @@ def _faults(root: Path) -> list:
     wide_table = ("<table>" + "<tr>" + "".join(f"<td>column_{i}_with_long_unbreakable_text</td>"
                                                for i in range(12)) + "</tr></table>")
     return [
-        ("squashed image", f'<img alt="p" src="{squash}" style="width: 400px; height: 400px !important;" />',
+        ("squashed image",
+         f'<img alt="p" src="{squash}" style="width: 400px; height: 400px !important;" />',
          "distorted image", "squash.png", {1280, 400}),
         ("inline height on a phone",
          f'<img alt="p" src="{fixed}" style="width: 600px; height: 300px !important;" />',

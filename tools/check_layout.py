@@ -100,8 +100,10 @@ MEASURE = r"""
     if (w < 2 || h < 2) continue;
     const err = Math.abs((w / h) / (img.naturalWidth / img.naturalHeight) - 1);
     if (err > opts.tolerance)
-      found.push(['distorted image', where(img), `${(img.getAttribute('src') || '').split('/').pop().slice(0, 16)}`
-        + ` shown ${Math.round(w)}x${Math.round(h)}, file ${img.naturalWidth}x${img.naturalHeight}`
+      found.push(['distorted image', where(img),
+        `${(img.getAttribute('src') || '').split('/').pop().slice(0, 16)}`
+        + ` shown ${Math.round(w)}x${Math.round(h)}`
+        + `, file ${img.naturalWidth}x${img.naturalHeight}`
         + `, aspect error ${err.toFixed(2)}`]);
   }
 
@@ -119,7 +121,7 @@ MEASURE = r"""
                    ? 'table' : el.tagName === 'PRE' ? 'output block' : 'output';
       const text = short(el.innerText).slice(0, 40);
       if (w > col + 1) found.push(['wider than the column', where(el),
-                                   `${what} ${Math.round(w)} px in a ${Math.round(col)} px column: '${text}'`]);
+        `${what} ${Math.round(w)} px in a ${Math.round(col)} px column: '${text}'`]);
       else if (scroll > 1 && !seen.has(text)) {
         seen.add(text);
         found.push(['wider than the column', where(el),
@@ -145,7 +147,8 @@ MEASURE = r"""
     const lines = pre.innerText.split('\n').map(s => s.trim())
                      .filter(s => s && !s.startsWith('#'));
     const last = lines.length ? lines[lines.length - 1] : '';
-    if (!/^[A-Za-z_][\w.]*$/.test(last) || /^(pass|break|continue|return|None)$/.test(last)) continue;
+    if (!/^[A-Za-z_][\w.]*$/.test(last)) continue;
+    if (/^(pass|break|continue|return|None)$/.test(last)) continue;
     const out = cell.querySelector('div.cell_output');
     const visible = out && shown(out) && (out.innerText.trim() ||
         [...out.querySelectorAll('img, svg, canvas, iframe, video, table')].some(shown));
@@ -217,7 +220,8 @@ def check_build(build_root: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """Print the layout problems of the build named on the command line (default _build/html)."""
-    root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parent.parent / "_build/html")
+    default = Path(__file__).resolve().parent.parent / "_build" / "html"
+    root = Path(argv[1]) if len(argv) > 1 else default
     if not root.is_dir():
         print(f"check_layout: no build at {root}; run `make book` first")
         return 2
