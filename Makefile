@@ -1,8 +1,10 @@
 # make book: build the Jupyter Book from the stored notebook outputs (no execution).
 # make check: the fast tests (`pytest -m "not slow"`), under 2 minutes, for use while working.
-# make test: everything (torchrun, the book build and its HTML check among them), and every
-# notebook executed once under nbval with the smoke profile, the Colab way (conftest.py): the
-# same as a bare `pytest --nbval` from the repository root.
+# make test: everything (torchrun, the book build, its HTML check and its layout in headless
+# chromium among them), and every notebook executed once under nbval with the smoke profile, the
+# Colab way (conftest.py): the same as a bare `pytest --nbval` from the repository root. The
+# layout test needs Debian's chromium (`apt-get install chromium`; .ci/run tries) and skips
+# without it; Playwright comes with the dev extras and drives it (never `playwright install`).
 # Each sets up .venv from pyproject.toml first; a second run reuses it.
 
 PYTHON ?= python3
