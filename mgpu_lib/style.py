@@ -2,7 +2,10 @@
 
 `book_style()` sets matplotlib's rcParams (and, in a notebook, retina output) once, from the
 setup cell of every page. The helpers keep every plot alike: legends below the data, integer
-ticks for epochs and device counts, and a wrapped title that names the hardware and profile.
+ticks for epochs and device counts, and a short wrapped title that says what is plotted. The
+hardware and profile go into the caption (or the table beside it) once, never into a title.
+Retina PNGs carry their size in CSS px; _static/custom.css lets that width shrink to the
+column with the height following it, so a figure keeps its shape on a phone.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def book_style() -> None:
 
 
 def title(ax, text: str) -> None:
-    """A title wrapped to a few short lines (hardware strings are long)."""
+    """A title wrapped to a few short lines: what is plotted, not the hardware (the caption's)."""
     if text:
         ax.set_title("\n".join(textwrap.wrap(text, TITLE_CHARS)), fontsize=9)
 
