@@ -58,6 +58,8 @@ class Verdict:
 
     def __str__(self) -> str:
         a, b = self.names
+        if self.n == 0:          # a side with no finished seed: there is no number to show
+            return self.words
         unit = f" {self.unit}" if self.unit else ""
         how = "paired" if self.paired else "unpaired"
         if math.isnan(self.se):
@@ -86,12 +88,24 @@ def _finite(values: Iterable[float]) -> list[float]:
     return values
 
 
+def _no_finished_seed(a, b, names) -> Verdict | None:
+    """The verdict when a side has no finished seed (every run diverged or failed), else None."""
+    missing = [name for name, side in zip(names, (a, b)) if not len(side)]
+    if not missing:
+        return None
+    words = f"{' and '.join(missing)}: no finished seed (diverged or failed); {APART}"
+    return Verdict(tuple(names), math.nan, math.nan, 0, True, words)
+
+
 def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
            scale: float = 1.0, unit: str = "", lower_is_better: bool = False) -> Verdict:
     """A against B over the seeds both hold (`a` and `b` map seed -> value).
 
     `scale` multiplies the differences (100 turns accuracies into points); set
     `lower_is_better` for times, so that the faster side is the one ahead."""
+    empty = _no_finished_seed(a, b, names)
+    if empty is not None:
+        return empty
     seeds = sorted(set(a) & set(b))
     diffs = _finite(scale * (a[s] - b[s]) for s in seeds)
     mean, _, se = mean_std_se(diffs)
@@ -104,6 +118,9 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
              lower_is_better: bool = False) -> Verdict:
     """A against B when the runs share no seeds: the difference of the means, with Welch's
     standard error sqrt(sa²/na + sb²/nb). `n` is the smaller side's number of seeds."""
+    empty = _no_finished_seed(a, b, names)
+    if empty is not None:
+        return empty
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
     ma, _, sea = mean_std_se(a)
     mb, _, seb = mean_std_se(b)

@@ -117,3 +117,11 @@ def test_glue_without_myst_nb_does_nothing(monkeypatch):
     from mgpu_lib import verdict
     monkeypatch.setattr(verdict, "_myst_glue", None)
     verdict.glue("x", 1.0)
+
+
+def test_a_side_without_a_finished_seed_says_so_and_shows_no_nan():
+    v = paired({}, {0: 0.8, 1: 0.82}, ("lr 50", "lr 0.1"), scale=100, unit="points")
+    assert v.winner is None and v.n == 0
+    assert "lr 50: no finished seed" in str(v) and "nan" not in str(v).lower()
+    u = unpaired([0.8, 0.81], [], ("A", "B"))
+    assert "B: no finished seed" in str(u) and "nan" not in str(u).lower()
