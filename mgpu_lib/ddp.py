@@ -10,6 +10,7 @@ and each process gets its share of the CPU threads, so N processes act as N "vir
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -29,7 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .results import check_writable, write_json_atomic
-from .supervise import LaunchError, RankInputError, failure, supervise
+from .supervise import LaunchError, RankInputError, failure, supervise  # noqa: F401
 from .switches import prepare_model, resolve_switches
 from .train import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
                     make_step)
@@ -126,7 +127,9 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
     state = {"format": CKPT_FORMAT, "epoch": len(result.train_loss),
              "config": {k: getattr(config, k) for k in CKPT_KEYS}, "world_size": world_size,
              "model": net.state_dict(), "optimizer": optimizer.state_dict(),
-             "rng": torch.get_rng_state(), "result": result.to_dict()}
+             "rng": torch.get_rng_state(),
+             # plain JSON types: torch.load(weights_only=True) refuses others (a TorchVersion)
+             "result": json.loads(json.dumps(result.to_dict()))}
     fd, tmp = tempfile.mkstemp(prefix=f".{CKPT_NAME}.", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -383,8 +386,8 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
                "-m", "mgpu_lib", "worker", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
-        if os.name == "nt":    # torch's Windows wheels have no libuv, which torchrun's store
-            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils/distributed.py)
+        if os.name == "nt":     # torch's Windows wheels have no libuv, which torchrun's store
+            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils)
         ended = supervise(cmd, env, timeout_s, log, log_dir=logs)
         if ended.code != 0:
             raise failure(ended)

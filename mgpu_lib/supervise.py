@@ -169,7 +169,8 @@ def read_errors(log_dir) -> list[RankError]:
         return []
     found = [read_error_file(p, int(p.parent.name))
              for p in Path(log_dir).glob("*/attempt_*/*/error.json") if p.parent.name.isdigit()]
-    return sorted((e for e in found if e), key=lambda e: (e.symptom, e.timestamp, e.written_ns, e.rank))
+    return sorted((e for e in found if e),
+                  key=lambda e: (e.symptom, e.timestamp, e.written_ns, e.rank))
 
 
 # ---- supervising a job ------------------------------------------------------------------------

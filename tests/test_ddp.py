@@ -202,10 +202,11 @@ def test_failure_names_the_rank_from_its_error_file_or_its_signal(tmp_path, monk
 def _saved_checkpoint(folder: Path, config: TrainConfig) -> Path:
     net = make_model(config, "cpu")
     opt = torch.optim.SGD(net.parameters(), lr=config.lr)
-    result = TrainResult(config=config.to_dict(), hardware="cpu", num_devices=2,
-                         data_source="synthetic", steps_per_epoch=1, test_acc=[0.5],
-                         train_loss=[1.0], train_acc=[0.4], epoch_seconds=[1.0],
-                         images_per_second=[100.0])
+    result = TrainResult.create(config, hardware="cpu", num_devices=2,   # the whole header
+                                data_source="synthetic", steps_per_epoch=1)
+    for key, value in dict(test_acc=[0.5], train_loss=[1.0], train_acc=[0.4],
+                           epoch_seconds=[1.0], images_per_second=[100.0]).items():
+        setattr(result, key, value)
     return ddp.save_checkpoint(folder, net, opt, config, 2, result)
 
 

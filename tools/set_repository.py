@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
         set_config_url(argv[0])
     url = yaml.safe_load(CONFIG.read_text())["repository"]["url"]
     changed = stamp(url)
-    print(f"{url}: {len(changed)} notebook(s) updated" + (f" ({', '.join(changed)})" if changed else ""))
+    names = f" ({', '.join(changed)})" if changed else ""
+    print(f"{url}: {len(changed)} notebook(s) updated{names}")
     return 0
 
 
