@@ -12,9 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (imported before MPS is mocked: it wraps mps.is_available)
 from torch import nn
 
 from mgpu_lib import ddp, devices, supervise, switches
+from mgpu_lib.pages import setup_page
 
 from ddp_helpers import alive, tiny, wait_for
 
@@ -217,3 +219,12 @@ def test_apple_silicon_dataparallel_passes_through_and_ddp_uses_gloo_on_the_cpu(
     assert ddp.choose_backend("auto") == "gloo"
     with pytest.raises(devices.DeviceError, match="nccl processes need 2 GPUs"):
         ddp.launch(tiny(), 2, backend="nccl")
+
+
+def test_apple_silicon_readers_see_mps_and_fp32_in_the_setup_banner(monkeypatch):
+    """What a Mac reader's setup cell prints: the MPS device, fp32, and a CPU-class estimate."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setenv("MGPU_PROFILE", "smoke")
+    profile, lines = setup_page("03_dataparallel")
+    assert "hardware: Apple MPS; fp32" in lines and profile.name == "smoke"
