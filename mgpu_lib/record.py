@@ -66,7 +66,8 @@ def code_version() -> dict:
 
 def header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
     """The header every new record starts with."""
-    return {"schema": SCHEMA, **code_version(), "torch": torch.__version__,
+    # str(): torch.__version__ is a TorchVersion, which a checkpoint's pickle refuses to load
+    return {"schema": SCHEMA, **code_version(), "torch": str(torch.__version__),
             "hardware": hardware, "profile": profile, "config": dict(config)}
 
 
