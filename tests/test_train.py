@@ -6,8 +6,9 @@ from mgpu_lib.__main__ import main
 from mgpu_lib.profiles import PROFILES, active_profile, get_profile
 from mgpu_lib.train import TrainConfig, TrainResult, train
 
-# Chance is 0.10 on ten balanced classes. The smoke profile (width 8, 4,000 images, 3 epochs)
-# measured 0.74 test accuracy on the offline copy (seed 0); the bar leaves room for noise.
+# Chance is 0.10 on ten balanced classes. The smoke profile at 4,000 images (width 8, 3 epochs)
+# measured 0.74 test accuracy on the offline copy (seed 0); at its 2,000 it passes this bar,
+# which leaves room for noise.
 SMOKE_ACC_BAR = 0.5
 
 
@@ -18,7 +19,7 @@ def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
     assert len(result.test_acc) == config.num_epochs == len(result.epoch_seconds)
     assert result.final_test_acc > SMOKE_ACC_BAR, result.test_acc
     assert result.train_loss[-1] < result.train_loss[0]
-    assert result.steps_per_epoch == 4000 // 32
+    assert result.steps_per_epoch == config.train_limit // config.batch_size
     assert "test acc:" in result.summary() and "sec/epoch on CPU" in result.summary()
 
 
