@@ -254,3 +254,10 @@ def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
     if signs == {-1.0}:
         return f"{names[0]} faster"
     return f"{names[1]} faster" if signs == {1.0} else UNDECIDED
+
+
+def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec, link: LinkSpec,
+               strategy: str = "dp", num_images: int = 60000) -> Callable[[Overheads], float]:
+    """`overheads -> seconds per epoch` of one setup, the form `band` and `compare` take."""
+    return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
+                                        strategy, overheads=o)
