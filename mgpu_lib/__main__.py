@@ -25,12 +25,12 @@ from .data import DataError
 from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
 from .pages import prediction_header, prediction_rows
-from .plan import plan_line
+from .plan import merge_vary, parse_vary, plan_line, vary_keys
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
 from .settings import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
 from .supervise import LOG
-from .sweep import MAX_POINTS, OPTIONS, count_points, sweep
+from .sweep import MAX_POINTS, count_points, sweep
 from .switches import BF16_FLAG
 from .trace import Variant, summary_lines, trace_ddp
 from .train import TrainConfig, train
@@ -75,7 +75,8 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
-    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), help="DDP processes (default: GPUs, else 2)")
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT),
+                   help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
     p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
@@ -130,44 +131,14 @@ def cmd_train(args) -> int:
     return 0 if result.status == "ok" else 3
 
 
-def vary_keys(config=TrainConfig) -> dict[str, Check]:
-    """Every --vary key and its check: the config's flags (seeds have --seeds) and the sweep
-    options."""
-    keys = {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"}
-    return {**keys, **OPTIONS}
-
-
 def vary_type(config=TrainConfig):
-    """An argparse type: `lr=0.05,0.1` -> ("lr", [0.05, 0.1]), each value by the key's check;
-    a key may be a field's name or its flag's (`epochs`, `batch-size`)."""
-    keys = vary_keys(config)
-    aliases = {flag_name(f)[2:].replace("-", "_"): f.name for f in on_cli(config)}
-
-    def parse(text: str) -> tuple:
-        name, sep, values = text.partition("=")
-        name = name.strip().replace("-", "_")
-        name = aliases.get(name, name)
-        if name in ("seed", "seeds"):
-            raise argparse.ArgumentTypeError("seeds are not a --vary key; use --seeds 1,2")
-        if name not in keys:
-            raise argparse.ArgumentTypeError(f"unknown key {name!r}; known keys: "
-                                             f"{', '.join(keys)}")
-        if not sep or not values:
-            raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,..., got {text!r}")
+    """An argparse type for --vary: `plan.parse_vary` for `config`, refusals in one line."""
+    def convert(text: str) -> tuple:
         try:
-            return name, [keys[name].parse(v) for v in values.split(",")]
+            return parse_vary(text, config)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{name}: {e}") from None
-    return parse
-
-
-def merge_vary(pairs) -> dict:
-    """A repeated key adds its values: `--vary lr=0.05 --vary lr=0.1` sweeps both."""
-    vary: dict = {}
-    for name, values in pairs:
-        have = vary.setdefault(name, [])
-        have += [v for v in values if v not in have]
-    return vary
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def add_sweep_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
@@ -211,12 +182,13 @@ def cmd_sweep(args) -> int:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
     p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
-    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64, help="ResNet width (64 = chapter)")
+    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64,
+                   help="ResNet width (64 = chapter)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
     p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
     p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
-    p.add_argument("--workers", type=argtype(COUNT), help="reference DataLoader workers (default: 4, "
-                                               "capped at the usable cores)")
+    p.add_argument("--workers", type=argtype(COUNT),
+                   help="reference DataLoader workers (default: 4, capped at the usable cores)")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                    help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
     p.add_argument("--norm-fp32", action="store_true",

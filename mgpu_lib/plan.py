@@ -1,4 +1,4 @@
-"""A sweep's plan, before anything trains: how many points, and how long they should take.
+"""A sweep's plan, before anything trains: its keys, how many points, how long they should take.
 
     python -m mgpu_lib sweep --vary lr=0.05,0.1 --seeds 0,1 --store runs/lr.jsonl
     plan: 4 points (lr 2 x seeds 2); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
@@ -21,12 +21,48 @@ from .devices import num_gpus
 from .pages import FULL_TEST, FULL_TRAIN, span
 from .runtime import Job, cpu_rates, cpu_seconds, gpu_band
 from .scaling import spec_for_name
-from .sweep import count_points
+from .settings import Check, flag_name, on_cli
+from .sweep import OPTIONS, count_points
 from .train import TrainConfig
 
 # The settings that change a run's cost in the model; every other key only multiplies runs.
 SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
 MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no prediction (it is slow)
+
+
+def vary_keys(config=TrainConfig) -> dict[str, Check]:
+    """Every --vary key and its check: the config's flags (seeds have --seeds) and the sweep
+    options."""
+    keys = {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"}
+    return {**keys, **OPTIONS}
+
+
+def parse_vary(text: str, config=TrainConfig) -> tuple:
+    """`lr=0.05,0.1` -> ("lr", [0.05, 0.1]), each value by the key's check; a key may be a
+    field's name or its flag's (`epochs`, `batch-size`). A ValueError says what is wrong."""
+    keys = vary_keys(config)
+    aliases = {flag_name(f)[2:].replace("-", "_"): f.name for f in on_cli(config)}
+    name, sep, values = text.partition("=")
+    name = aliases.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
+    if name in ("seed", "seeds"):
+        raise ValueError("seeds are not a --vary key; use --seeds 1,2")
+    if name not in keys:
+        raise ValueError(f"unknown key {name!r}; known keys: {', '.join(keys)}")
+    if not sep or not values:
+        raise ValueError(f"expected NAME=V1,V2,..., got {text!r}")
+    try:
+        return name, [keys[name].parse(v) for v in values.split(",")]
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def merge_vary(pairs) -> dict:
+    """A repeated key adds its values: `--vary lr=0.05 --vary lr=0.1` sweeps both."""
+    vary: dict = {}
+    for name, values in pairs:
+        have = vary.setdefault(name, [])
+        have += [v for v in values if v not in have]
+    return vary
 
 
 def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]:

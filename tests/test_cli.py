@@ -115,7 +115,7 @@ def test_documented_commands_still_parse(argv):
     cli.build_parser().parse_args(argv)
 
 
-# ---- issue 26: the command line's faults ---------------------------------------------------------
+# ---- issue 26: the command line's faults ------------------------------------------------------
 
 @pytest.mark.parametrize("varies, want", [
     (["lr=0.05", "lr=0.1"], {"lr": [0.05, 0.1]}),
