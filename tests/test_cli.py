@@ -122,6 +122,7 @@ def test_documented_commands_still_parse(argv):
     (["epochs=1", "num_epochs=2"], {"num_epochs": [1, 2]}),
     (["batch-size=32,64", "batch_size=64,128"], {"batch_size": [32, 64, 128]}),
 ])
+@pytest.mark.slow
 def test_a_repeated_vary_key_merges_its_values(tmp_path, capsys, planned, varies, want):
     """Before: --vary lr=0.05 --vary lr=0.1 trained only lr 0.1."""
     argv = sweep_args(tmp_path, "--seeds", "0")

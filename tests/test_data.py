@@ -94,6 +94,7 @@ def test_no_data_without_synthetic_is_a_clear_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_named_folder_that_is_missing_never_falls_back_to_synthetic(tmp_path, monkeypatch):
     """Before: MGPU_FASHION_MNIST_DIR=/nope trained on synthetic data with exit 0 (smoke)."""
     monkeypatch.setenv("MGPU_FASHION_MNIST_DIR", str(tmp_path / "nope"))
@@ -114,6 +115,7 @@ def test_balanced_subset_is_fixed_and_balanced():
     assert counts.max() - counts.min() <= 1
 
 
+@pytest.mark.slow
 def test_real_data_shapes_dtypes_balance_and_seed(fashion_dir):
     train_iter, test_iter = load_fashion_mnist(64, root=fashion_dir, train_limit=1000,
                                                test_limit=200, seed=7)

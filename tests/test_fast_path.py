@@ -33,6 +33,7 @@ def one_step_loss(config, loader, switches):
     return float(sum(s[0] for s in sums)) / sum(len(y) for _, y in loader)
 
 
+@pytest.mark.slow
 def test_fast_and_reference_give_the_same_loss(tiny):
     x, y = tiny["train_images"][:16], tiny["train_labels"][:16]
     ref_loader = chapter_loader(x, y, 16, shuffle=False, num_workers=0)
@@ -108,6 +109,7 @@ def test_chapter_workers_is_four_capped_at_the_cores():
         chapter_workers(-1)
 
 
+@pytest.mark.slow
 def test_train_runs_both_paths():
     config = TrainConfig(width=4, batch_size=32, num_epochs=1, train_limit=128, test_limit=64,
                          data_source="synthetic", lr=0.05, channels_last=False, num_workers=1)
@@ -118,6 +120,7 @@ def test_train_runs_both_paths():
         assert result.extra["switches"]["device_data"] is fast
 
 
+@pytest.mark.slow
 def test_bench_measures_both_loops(tmp_path):
     out = tmp_path / "bench.jsonl"
     code = main(["bench", "--steps", "2", "--repeats", "2", "--warmup-steps", "1",
@@ -134,6 +137,7 @@ def test_bench_measures_both_loops(tmp_path):
     assert any("ratio: fast / reference" in line for line in bench.format_bench(result))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, bf16, norm_fp32", [(["--bf16", "on"], True, False),
                                                     (["--bf16", "off"], False, False),
                                                     (["--bf16", "on", "--norm-fp32"], True, True)])
@@ -293,6 +297,7 @@ class NoHostRead:
             setattr(torch.Tensor, n, f)
 
 
+@pytest.mark.slow
 def test_neither_the_chapter_loop_nor_the_fast_loop_reads_back_every_step(tiny):
     """Before: the reference loop read the loss back after every step; D2L's train does not."""
     from mgpu_lib.chapter import chapter_step
@@ -341,6 +346,7 @@ def d2l_train(net, devices, train_iter, test_iter, lr, num_epochs):
     return accs
 
 
+@pytest.mark.slow
 def test_the_chapter_train_follows_d2l():
     """chapter.train against d2l's own code from the same seeds: the same accuracy every epoch
     and the same trained weights, to the bit (both skip the lazy layers in their init)."""

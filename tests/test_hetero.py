@@ -65,6 +65,7 @@ def test_split_is_optimal_against_brute_force():
         assert predict_hetero_step(speeds, sizes, 0.0) <= _brute_force_best(total, speeds) + 1e-12
 
 
+@pytest.mark.slow
 def test_split_property_random_cases():
     rng = random.Random(0)
     for _ in range(500):
@@ -201,6 +202,7 @@ def test_hetero_step_rejects_bad_sizes():
         hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[0, 16])   # main idle: still a step
 
 
+@pytest.mark.slow
 def test_measurements_leave_the_model_alone():
     """Throughput and sync are measured on copies: weights, BatchNorm statistics and grads of
     the model stay as they were."""

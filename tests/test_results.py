@@ -124,6 +124,7 @@ def test_a_train_result_and_its_sweep_record_agree(status, epochs):
 
 # --- no fcntl (Windows) -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_every_module_imports_and_the_store_works_without_fcntl(tmp_path):
     """Windows has no fcntl: every module imports and a store appends and reads without it."""
     code = f"""

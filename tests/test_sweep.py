@@ -83,6 +83,7 @@ def test_diverging_lr_is_recorded_not_raised(tmp_path):
     assert rows[1]["diverged"] == 1 and math.isnan(rows[1]["acc_mean"])
 
 
+@pytest.mark.slow
 def test_real_lr_50_diverges_and_is_stored(tmp_path):
     def real(config, **options):            # the real `train`, on tiny in-memory data
         return train(config, data=tiny_data(config.seed), progress=False)
@@ -118,6 +119,7 @@ def test_shorter_epochs_are_derived_from_the_longest_run(tmp_path):
     assert len(fake.calls) == 1
 
 
+@pytest.mark.slow
 def test_k_epochs_are_the_first_k_of_a_longer_run():
     """The claim that makes derived epochs honest: no schedule, seeded shuffle and weights."""
     short = train(BASE.replace(num_epochs=1), data=tiny_data(), progress=False)
@@ -175,6 +177,7 @@ def test_warmup_sgd_follows_the_schedule():
     assert [g["lr"] for g in warmup_sgd([w], lr=0.4, warmup_steps=0).param_groups] == [0.4]
 
 
+@pytest.mark.slow
 def test_train_warmup_runs_and_records_warmup():
     r = train_warmup(BASE.replace(num_epochs=1), warmup_epochs=0.5, data=tiny_data())
     assert r.status == "ok" and r.extra["warmup_epochs"] == 0.5 and len(r.test_acc) == 1
@@ -268,6 +271,7 @@ sweep(BASE, {{"lr": {lrs}}}, seeds=(0, 1), store={store!r}, train_fn=Lockstep())
 """
 
 
+@pytest.mark.slow
 def test_two_sweeps_writing_one_store_keep_every_point(tmp_path):
     """Before: each sweep rewrote the store from its own memory; 4 of 8 points were kept. The
     two sweeps run in lock step, so their writes overlap in every run of this test."""

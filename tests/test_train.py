@@ -12,6 +12,7 @@ from mgpu_lib.train import TrainConfig, TrainResult, train
 SMOKE_ACC_BAR = 0.5
 
 
+@pytest.mark.slow
 def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
     config = TrainConfig.from_profile(get_profile("smoke"), data_source="local")
     result = train(config, progress=False)
@@ -23,6 +24,7 @@ def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
     assert "test acc:" in result.summary() and "sec/epoch on CPU" in result.summary()
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_a_fresh_model_each_call():
     config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
                                       train_limit=256, test_limit=100, num_epochs=1)
@@ -30,6 +32,7 @@ def test_same_seed_same_run_and_a_fresh_model_each_call():
     assert a.train_loss == b.train_loss and a.test_acc == b.test_acc
 
 
+@pytest.mark.slow
 def test_diverging_lr_is_recorded_not_raised():
     config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
                                       train_limit=512, test_limit=100, num_epochs=2, lr=50.0)
@@ -90,6 +93,7 @@ def test_cli_rejects_bad_values_in_one_line(capsys, args, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_trains_and_writes_json(tmp_path, capsys):
     out = tmp_path / "run.json"
     code, stdout, err = run_cli(capsys, "train", "--profile", "smoke", "--data-source",
