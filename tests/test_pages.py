@@ -164,3 +164,12 @@ def test_the_chapter_network_differs_from_this_one_only_until_data_flows():
     assert rows["parameters after one batch"] == ("176,634", "176,634")
     assert rows["module names, output shapes"] == ("as this book's", "as the chapter's")
     assert "LazyConv2d" in rows["layers"][0] and "Lazy" not in rows["layers"][1]
+
+
+def test_the_readme_table_is_what_the_pages_command_prints():
+    """The README's page-time table is a prediction printed by `python -m mgpu_lib pages`,
+    pasted; regenerate it when the model or a page changes."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = ["| " + " | ".join(map(str, row)) + " |" for row in prediction_rows()]
+    missing = [r for r in rows if r not in readme]
+    assert not missing, f"README's page-time table is stale; rerun `python -m mgpu_lib pages`: {missing}"
