@@ -10,7 +10,7 @@ import textwrap
 from typing import Optional, Sequence
 
 from .results import mean_std_se, summarize
-from .style import integer_ticks, legend_below, title as set_title
+from .style import integer_ticks, legend_below, mark_synthetic, title as set_title
 
 
 def _in_notebook() -> bool:
@@ -54,6 +54,7 @@ class LivePlot:
         legend_below(ax)
         set_title(ax, self.title or f"profile {result.config['profile']}, "
                                     f"{result.num_devices} device(s)")
+        mark_synthetic(ax, [result])
         self.fig.tight_layout()
         if self.handle is None:
             self.handle = display(self.fig, display_id=True)
@@ -75,6 +76,7 @@ def plot_curves(results: Sequence, labels: Sequence[str], *, metric: str = "test
     ax.set_ylabel(metric.replace("_", " "))
     legend_below(ax)
     set_title(ax, title)
+    mark_synthetic(ax, results)
     return ax
 
 
@@ -177,6 +179,7 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
     lines2 = twin.get_legend_handles_labels()
     legend_below(ax, lines[0] + lines2[0], lines[1] + lines2[1], ncol=3)
     set_title(ax, title)
+    mark_synthetic(ax, records)
     return ax, twin
 
 
@@ -203,6 +206,7 @@ def plot_learning_curves(records: Sequence, x: str, *, metric: str = "test_acc",
     ax.set_ylabel(metric.replace("_", " "))
     legend_below(ax, ncol=3)
     set_title(ax, title)
+    mark_synthetic(ax, records)
     return ax
 
 
@@ -275,6 +279,7 @@ def plot_seed_curves(records: Sequence, batch_size: int, lr: float, *, title: st
     ax.set_ylabel("test accuracy")
     legend_below(ax, ncol=4)
     set_title(ax, title or f"batch {batch_size}, lr {lr:g}: one line per seed")
+    mark_synthetic(ax, chosen)
     return ax
 
 

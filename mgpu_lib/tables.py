@@ -10,19 +10,24 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+from .style import SYNTHETIC, synthetic
+
 
 class Table:
     """Rows under headers. Jupyter shows `_repr_markdown_`; `str()` gives aligned plain text.
 
     `keep_constant=True` keeps a column that holds the same value in every row (by default it
-    moves into the caption as "header: value").
+    moves into the caption as "header: value"). `records`: the runs the rows come from; the
+    caption says so when any of them trained on synthetic data.
     """
 
     def __init__(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
-                 keep_constant: bool = False):
+                 keep_constant: bool = False, records: Sequence = ()):
         self.headers = [str(h) for h in headers]
         self.rows = [[fmt(v) for v in row] for row in rows]
         self.caption = caption
+        if synthetic(records):       # the runs behind the table: say so when they are not real
+            self.caption = f"{caption}; {SYNTHETIC}" if caption else SYNTHETIC
         if not keep_constant:
             self._fold_constant_columns()
 

@@ -33,3 +33,23 @@ def test_markdown_puts_the_caption_after_the_table_in_italics():
     md = Table(["lr", "acc"], [(0.1, 0.81234)], caption="final accuracy")._repr_markdown_()
     assert md.splitlines() == ["| lr | acc |", "|---|---|", "| 0.1 | 0.812 |", "",
                                "*final accuracy*"]
+
+
+def test_a_table_from_synthetic_runs_says_so_in_its_caption():
+    from types import SimpleNamespace
+    from mgpu_lib.style import SYNTHETIC
+    real, fake = SimpleNamespace(data_source="local"), SimpleNamespace(data_source="synthetic")
+    assert SYNTHETIC not in Table(["a"], [[1]], caption="c", records=[real]).caption
+    assert Table(["a"], [[1]], caption="c", records=[real, fake]).caption == f"c; {SYNTHETIC}"
+
+
+def test_a_figure_from_synthetic_runs_says_so_on_the_axes():
+    import matplotlib
+    matplotlib.use("Agg")
+    from types import SimpleNamespace
+    from mgpu_lib.plots import plot_curves
+    from mgpu_lib.style import SYNTHETIC
+    run = lambda src: SimpleNamespace(test_acc=[0.5, 0.6], data_source=src)
+    texts = lambda ax: [t.get_text() for t in ax.texts]
+    assert SYNTHETIC not in texts(plot_curves([run("local")], ["a"]))
+    assert SYNTHETIC in texts(plot_curves([run("local"), run("synthetic")], ["a", "b"]))
