@@ -198,7 +198,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args) -> int:
     if args.out:
-        check_writable(args.out)
+        check_writable(args.out, store=True)     # it appends: a store, refused before the run
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers,

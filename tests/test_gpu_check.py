@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "gpu_check.py"
 STAGES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration", "exercise2",
           "exercise1")
-KEYS = {"stage", "status", "seconds", "device", "hardware", "torch", "profile", "figures"}
+KEYS = {"schema", "mgpu_lib", "config", "stage", "status", "seconds", "device", "hardware", "torch", "profile", "figures"}
 STAGE_LINE = re.compile(r"^\[(\d)/8\] (\w+): (ok|failed|skipped) in [\d.]+ s")
 # What the GPU machine lacks: importing the script must not need any of them.
 BLOCK = """

@@ -54,6 +54,7 @@ from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, me
                              time_split)
 from mgpu_lib.model import TRAIN_FLOPS_FACTOR, resnet18
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
+from mgpu_lib.record import header
 from mgpu_lib.results import ResultsError, append, check_writable
 from mgpu_lib.runtime import step_seconds, workload
 from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
@@ -746,10 +747,11 @@ def plan(check: Check) -> list:
 
 def record(check: Check, stage: Stage, status: str, seconds: float, predicted, note: str,
            figures: dict) -> dict:
-    rec = dict(stage=stage.name, index=STAGES.index(stage) + 1, status=status,
+    rec = header(hardware=check.hardware, profile=check.profile.name,
+                 config=dict(budget_s=check.args.budget_s, device=str(check.device)))
+    rec.update(stage=stage.name, index=STAGES.index(stage) + 1, status=status,
                seconds=round(seconds, 3), predicted_s=predicted, device=str(check.device),
-               hardware=check.hardware, torch=torch.__version__, cuda=torch.version.cuda,
-               profile=check.profile.name, budget_s=check.args.budget_s,
+               cuda=torch.version.cuda, budget_s=check.args.budget_s,
                elapsed_s=round(check.elapsed(), 3), run_id=check.run_id,
                time=datetime.now(timezone.utc).isoformat(timespec="seconds"), figures=figures)
     if status == "skipped":
