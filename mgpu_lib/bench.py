@@ -174,8 +174,8 @@ def format_bench(result: dict) -> list:
     return lines
 
 
-BENCH_COLUMNS = ("width", "fast loop", "chapter's loop, images/s", "fast, images/s",
-                 "fast / chapter's", "CPU bf16", "chapter's loop")
+BENCH_COLUMNS = ("width", "fast loop", "chapter's, img/s", "fast, img/s", "speedup",
+                 "CPU bf16", "chapter's loop")
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
 
 
