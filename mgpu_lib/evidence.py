@@ -80,6 +80,38 @@ def calibrated_overheads(cal: Calibration) -> Overheads:
                      optimizer_passes=0.0)
 
 
+def check_on_runs(records: Sequence, ddp_runs: Sequence, workload: Workload, num_images: int,
+                  threads: int, link: LinkSpec) -> tuple[Calibration, list[tuple]]:
+    """Calibrate on the finished 1-process sweep `records` (seconds per step against batch),
+    then predict every batch by a fit that never saw it (leave one out), and every DDP run by
+    the full fit with each process at its share of the `threads`.
+
+    Returns the full calibration and [(configuration, measured s/epoch, predicted s/epoch)]."""
+    by_batch: dict = {}
+    for r in records:
+        if r.status == "ok":
+            by_batch.setdefault(r.config["batch_size"], []).append(r)
+    measured = [(b, statistics.fmean(r.sec_per_epoch / r.steps_per_epoch for r in rs))
+                for b, rs in sorted(by_batch.items())]
+    cal = calibrate(measured)
+
+    def epoch(n, batch, c, rate):
+        return predict_epoch_time(n, batch, num_images, cpu_spec(c, "CPU", workload), link,
+                                  "ddp", images_per_second=rate,
+                                  overheads=calibrated_overheads(c), workload=workload)
+
+    rows = []
+    for b, _ in measured:
+        c = calibrate([m for m in measured if m[0] != b])
+        rows.append((f"1 process, batch {b}",
+                     statistics.fmean(r.sec_per_epoch for r in by_batch[b]),
+                     epoch(1, b, c, c.images_per_second)))
+    for r in ddp_runs:
+        rate = cal.images_per_second * r.extra.get("threads_per_process", 1) / threads
+        rows.append((f"DDP, {r.num_devices} gloo processes, batch {r.config['batch_size']}",
+                     r.sec_per_epoch, epoch(r.num_devices, r.config["batch_size"], cal, rate)))
+    return cal, rows
+
 
 def link_for(row: PublishedRun) -> Optional[LinkSpec]:
     """The link between a published run's GPUs, as far as its hardware says: none named, None.

@@ -98,3 +98,20 @@ def test_published_rows_say_where_they_come_from_and_guess_nothing():
     assert published.speedup("d2l-neu 28px") < 1 < published.speedup("study notes")
     with pytest.raises(KeyError):
         published.pair("nope")
+
+
+def test_check_on_runs_predicts_each_batch_without_seeing_it():
+    from types import SimpleNamespace
+    from mgpu_lib.evidence import check_on_runs
+    from mgpu_lib.scaling import GLOO_LOOPBACK, RESNET18
+
+    def run(batch, status="ok"):           # 0.01 s a step plus 1 ms an image: a straight line
+        steps = 6000 // batch
+        return SimpleNamespace(status=status, config={"batch_size": batch}, steps_per_epoch=steps,
+                               sec_per_epoch=steps * (0.01 + 0.001 * batch))
+    records = [run(64), run(128), run(256), run(512, status="diverged")]
+    cal, rows = check_on_runs(records, [], RESNET18, 6000, 2, GLOO_LOOPBACK)
+    assert [name for name, _, _ in rows] == [f"1 process, batch {b}" for b in (64, 128, 256)]
+    assert abs(cal.step_s - 0.01) < 1e-9 and abs(cal.images_per_second - 1000) < 1e-6
+    for _, measured, predicted in rows:   # a line is predicted exactly by the other points
+        assert abs(predicted - measured) / measured < 0.05
