@@ -54,7 +54,7 @@ from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, me
                              time_split)
 from mgpu_lib.model import TRAIN_FLOPS_FACTOR, resnet18
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
-from mgpu_lib.record import header
+from mgpu_lib.record import header as record_header
 from mgpu_lib.results import ResultsError, append, check_writable
 from mgpu_lib.runtime import step_seconds, workload
 from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
@@ -747,7 +747,7 @@ def plan(check: Check) -> list:
 
 def record(check: Check, stage: Stage, status: str, seconds: float, predicted, note: str,
            figures: dict) -> dict:
-    rec = header(hardware=check.hardware, profile=check.profile.name,
+    rec = record_header(hardware=check.hardware, profile=check.profile.name,
                  config=dict(budget_s=check.args.budget_s, device=str(check.device)))
     rec.update(stage=stage.name, index=STAGES.index(stage) + 1, status=status,
                seconds=round(seconds, 3), predicted_s=predicted, device=str(check.device),
