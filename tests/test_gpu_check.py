@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -106,6 +107,23 @@ def test_a_failed_stage_is_recorded_and_the_next_ones_still_run(tmp_path, monkey
     assert facts["status"] == "failed"
     assert "planted failure" in facts["error"] and "\n" not in facts["error"]
     assert records["calibration"]["status"] == "ok"         # a later stage still ran
+
+
+def test_the_budget_counts_from_the_call_or_from_when_the_caller_says(tmp_path, monkeypatch,
+                                                                      capsys):
+    """Called from a long-lived process (pytest), main() counts from its call; CI once failed
+    when the budget counted from pytest's own start, 330 s earlier, and skipped every stage."""
+    tool = load_tool()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tool, "STAGES", tuple(s for s in tool.STAGES if s.name == "facts"))
+    out = tmp_path / "gpu.jsonl"
+    assert tool.main(["--profile", "smoke", "--out", str(out), "--budget-s", "60"],
+                     started=time.time() - 3600) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    assert (first["status"], first["reason"]) == ("skipped", "budget")
+    out.unlink()
+    assert tool.main(["--profile", "smoke", "--out", str(out), "--budget-s", "60"]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["status"] == "ok"
 
 
 @pytest.mark.slow
