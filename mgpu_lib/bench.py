@@ -20,7 +20,7 @@ from torch import nn
 from .chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, chapter_workers
 from .data import DeviceLoader, synthetic_fashion_mnist
 from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
-from .model import TRAIN_FLOPS_FACTOR, forward_flops, resnet18
+from .model import resnet18, train_flops
 from .record import header
 from .scaling import spec_for_name
 from .switches import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
@@ -40,14 +40,15 @@ def peak_tflops(device, bf16: bool) -> Optional[float]:
 
 def add_tflops(modes: dict, width: int, device) -> float:
     """Add achieved TFLOP/s and the share of the device's peak to each of `measure`'s modes;
-    returns the training FLOPs per image they are based on."""
-    train_flops = TRAIN_FLOPS_FACTOR * forward_flops(resnet18(width=width))
+    returns the training FLOPs per image they are based on (`FlopCounterMode`'s count of a
+    forward and backward)."""
+    flops = train_flops(resnet18(width=width))
     for m in modes.values():
-        m["tflops"] = m["median"] * train_flops / 1e12
+        m["tflops"] = m["median"] * flops / 1e12
         m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
         m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
                                 if m["peak_tflops"] else None)
-    return train_flops
+    return flops
 
 
 class _Mode:
@@ -141,7 +142,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
                     steps=steps, repeats=repeats, warmup_steps=warmup_steps, device=device,
                     num_workers=num_workers)
-    train_flops = add_tflops(modes, width, device)
+    flops = add_tflops(modes, width, device)
     config = dict(device=str(device), width=width, batch_size=batch_size, steps=steps,
                   repeats=repeats, warmup_steps=warmup_steps,
                   num_workers=chapter_workers(num_workers), bf16=bf16, norm_fp32=norm_fp32)
@@ -150,7 +151,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
             "kind": "bench", "device": str(device),
             "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
             "warmup_steps": warmup_steps, "num_workers": config["num_workers"],
-            "train_flops_per_image": train_flops, "cpu_bf16": cpu_bf16_support(),
+            "train_flops_per_image": flops, "cpu_bf16": cpu_bf16_support(),
             "chapter_loop": CHAPTER_LOOP, "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -101,12 +101,6 @@ def block_shapes(net: nn.Sequential, input_shape=(1, 1, 28, 28)) -> list[tuple[s
     return shapes
 
 
-# A training step's FLOPs over the forward's. torch's FlopCounterMode (`train_flops`) counts
-# the backward as two products per layer as large as the forward (input and weight gradients),
-# less the stem's input gradient, which nothing needs: 2.999x at width 64, 2.992x at width 8.
-TRAIN_FLOPS_FACTOR = 3
-
-
 def count_flops(net: nn.Module, input_shape=(1, 1, 28, 28), train: bool = False) -> int:
     """FLOPs per image as torch's `FlopCounterMode` counts them: convolutions and matrix
     products, 1 multiply-add = 2 FLOPs (BatchNorm, ReLU and pooling, well under 1%, are not).

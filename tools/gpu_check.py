@@ -52,7 +52,7 @@ from mgpu_lib.diagnose import loader_images_per_s, topology
 from mgpu_lib.evidence import calibrate, leave_one_out, published_fit
 from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
                              time_split)
-from mgpu_lib.model import TRAIN_FLOPS_FACTOR, resnet18
+from mgpu_lib.model import resnet18
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.record import header as record_header
 from mgpu_lib.results import ResultsError, append, check_writable
@@ -112,7 +112,7 @@ class Speed:
 
     def eval_s(self, images: int) -> float:
         """One evaluation pass: forward only, a third of a training step's work."""
-        return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / TRAIN_FLOPS_FACTOR
+        return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / workload(self.width).train_factor
 
     def rescale(self, measured_step_s: float, batch: int) -> None:
         """Scale the model so that it predicts `measured_step_s` at `batch`."""
