@@ -51,6 +51,26 @@ def dp_breakdown(net: nn.Module, devices: Sequence[torch.device], batch_size: in
     return totals
 
 
+def replicate_seconds(net: nn.Module, devices: Sequence[torch.device], reps: int = 5) -> float:
+    """Seconds per `replicate` of `net` (on `devices[0]`) onto `devices`, which DataParallel does
+    every step (with one GPU, onto that GPU again): `torch.utils.benchmark`'s timer, which warms
+    up first, with every one of `devices` synchronized at each reading."""
+    # imported here: on a machine without CUDA, importing torch.utils.benchmark logs a warning
+    # from torch's C++ extension loader, and nothing but this function needs it
+    from torch.utils import benchmark
+
+    devices = [torch.device(d) for d in devices]
+
+    def clock() -> float:
+        synchronize(devices)
+        return time.perf_counter()
+
+    timer = benchmark.Timer("replicate(net, devices)", timer=clock,
+                            globals=dict(replicate=replicate, net=net, devices=devices),
+                            num_threads=torch.get_num_threads())
+    return timer.timeit(reps).mean
+
+
 def sync_timing(device: torch.device, size: int = 4096, reps: int = 10) -> tuple[float, float]:
     """Seconds for `reps` matrix products timed without, then with, `synchronize`.
 

@@ -18,6 +18,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .chapter import chapter_loader
 from .dataparallel import dp_breakdown
 from .evidence import published_fit
 from .model import resnet18
@@ -186,6 +187,14 @@ def loader_images_per_s(loader: Iterable, batches: int = 20) -> float:
     now = time.perf_counter()
     # a loader too short to warm up: count its first batch, worker start included
     return rest / (now - t1) if rest else n / (now - t0)
+
+
+def chapter_loader_images_per_s(batch: int, batches: int = 30) -> float:
+    """Images per second of the chapter's pipeline (PIL images, ToTensor, its workers) alone, on
+    random images: the host's CPU, not the disk, is what is timed."""
+    images = torch.randint(0, 256, ((batches + 10) * batch, 28, 28), dtype=torch.uint8)
+    labels = torch.zeros(len(images), dtype=torch.long)
+    return loader_images_per_s(chapter_loader(images, labels, batch, shuffle=True), batches)
 
 
 def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,

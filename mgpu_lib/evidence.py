@@ -54,6 +54,19 @@ def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
     return Calibration(1.0 / slope, step_s, rms)
 
 
+def half_speed_batch(rows: Sequence[dict]) -> Optional[float]:
+    """The batch whose images/s is half the largest batch's, interpolated in log2(batch), from
+    rows of `bench.batch_curve` (ascending batches); None when even the smallest batch runs
+    faster than that."""
+    target = rows[-1]["images_per_second"] / 2
+    for lo, hi in zip(rows, rows[1:]):
+        a, b = lo["images_per_second"], hi["images_per_second"]
+        if a < target <= b:
+            x = (target - a) / (b - a)
+            return 2 ** ((1 - x) * math.log2(lo["batch"]) + x * math.log2(hi["batch"]))
+    return None
+
+
 def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
     """For each measurement: calibrate on the others, predict it, report the relative error.
     An honest check: no point is predicted by a fit that has seen it."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from .data import load_fashion_mnist
 from .devices import cpu_name, describe_devices, num_gpus, synchronize, timed
-from .split import check_speeds, split_sizes
+from .split import check_speeds, predict_hetero_step, split_sizes
 from .train import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
 
 SIMULATED = "SIMULATED"
@@ -256,6 +256,16 @@ def time_split(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, sizes: Sequenc
                steps: int = 3) -> float:
     """Measured median seconds per `hdp.step` with the given shard sizes (after one warm-up)."""
     return median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn, sizes), hdp.devices, steps)
+
+
+def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Sequence[float],
+                sync_s: float, shares: Sequence[int], *, steps: int = 3) -> list[dict]:
+    """For each share of the batch `x` given to the second device: seconds per step predicted
+    (`split.predict_hetero_step`) and measured (`time_split`), one row per share."""
+    b = len(x)
+    return [dict(share=k, predicted_s=predict_hetero_step(speeds, [b - k, k], sync_s),
+                 measured_s=time_split(hdp, x, y, optimizer, loss_fn, [b - k, k], steps=steps))
+            for k in shares]
 
 
 # ---- a small trainer ------------------------------------------------------------------------

@@ -6,7 +6,9 @@
   for a (low, high) band;
 - on a CPU, the fast loop's rate recorded on 2-core machines (`bench_cpu.jsonl`, fp32), scaled
   to the width by FLOPs;
-- evaluating an image costs a third of training one (forward only).
+- evaluating an image costs a third of training one (forward only);
+- `StepModel`, for a check that measures as it goes (`tools/gpu_check.py`): the datasheet
+  model, rescaled to a measured step, then replaced by a measured line.
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .evidence import published_fit
+from .evidence import Calibration, published_fit
 from .model import forward_flops, num_params, resnet18
 from .results import read, recorded
 from .scaling import LINKS, DeviceSpec, Overheads, Workload, predict_step_time
+from .switches import EVAL_BATCH
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,37 @@ def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int =
     o = overheads or published_fit().overheads(spec)
     return predict_step_time(devices, batch, spec, LINK, "dp", workload=workload(width),
                              overheads=o).total
+
+
+@dataclass
+class StepModel:
+    """Seconds per training step on one device, as a check goes on: `step_seconds` for the
+    datasheet `spec` at first, rescaled to a measured step (`rescale`), then replaced by a
+    measured line once there is one (`cal`, an `evidence.Calibration`)."""
+    spec: DeviceSpec
+    width: int
+    scale: float = 1.0
+    cal: Optional[Calibration] = None
+
+    def step_s(self, batch: float) -> float:
+        if self.cal is not None:
+            return self.cal.step_time(batch)
+        return self.scale * step_seconds(self.spec, batch, self.width)
+
+    def epoch_s(self, batch: int, images: int) -> float:
+        """One training epoch; the last partial batch is dropped, as `DeviceLoader` does."""
+        return max(1, images // batch) * self.step_s(batch)
+
+    def eval_s(self, images: int) -> float:
+        """One evaluation pass at `EVAL_BATCH`: forward only, a training step's work over the
+        workload's train factor."""
+        return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / workload(self.width).train_factor
+
+    def rescale(self, measured_step_s: float, batch: int) -> None:
+        """Scale the datasheet model so that it predicts `measured_step_s` at `batch` (no
+        effect once a measured line is in place)."""
+        if self.cal is None and measured_step_s > 0:
+            self.scale *= measured_step_s / self.step_s(batch)
 
 
 def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None) -> float:

@@ -66,7 +66,7 @@ def draw_timelines(run: TraceRun, *, step: int = 0):
         draw_timeline(run, variant, step=step, ax=ax)
         ax.set_xlabel("")
     axes[-1, 0].set_xlabel("ms since the step began")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes[:, 0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)

@@ -115,3 +115,11 @@ def test_check_on_runs_predicts_each_batch_without_seeing_it():
     assert abs(cal.step_s - 0.01) < 1e-9 and abs(cal.images_per_second - 1000) < 1e-6
     for _, measured, predicted in rows:   # a line is predicted exactly by the other points
         assert abs(predicted - measured) / measured < 0.05
+
+
+def test_half_speed_batch_interpolates_in_log2_of_the_batch():
+    rows = [dict(batch=b, images_per_second=r) for b, r in ((8, 100), (16, 300), (32, 400))]
+    # half of 400 is 200: halfway from 100 (batch 2**3) to 300 (2**4) in images/s
+    assert evidence.half_speed_batch(rows) == pytest.approx(2 ** 3.5)
+    rows[0]["images_per_second"] = 250              # the smallest batch already beats half
+    assert evidence.half_speed_batch(rows) is None

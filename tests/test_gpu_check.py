@@ -171,5 +171,7 @@ def test_the_tool_and_the_pages_share_one_predictor():
     tool = load_tool()
     from mgpu_lib import runtime
     from mgpu_lib.scaling import DEVICES
-    speed = tool.Speed(DEVICES["T4"], 8)           # width 8: its FLOPs are counted fast
-    assert speed.step_s(256) == pytest.approx(runtime.step_seconds(DEVICES["T4"], 256, 8))
+    check = tool.make_check(tool.parse_args(["--profile", "smoke", "--spec", "T4"]))
+    assert isinstance(check.speed, runtime.StepModel)
+    assert check.speed.step_s(256) == pytest.approx(
+        runtime.step_seconds(DEVICES["T4"], 256, check.profile.width))

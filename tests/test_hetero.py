@@ -11,7 +11,7 @@ from torch import nn
 from mgpu_lib import hetero as hetero_mod
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, default_setup, forward_backward,
-                             measure_sync, measure_throughput, train_hetero)
+                             measure_sync, measure_throughput, split_curve, train_hetero)
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.pipeline import augment_batch, data_loader, prefetch
 from mgpu_lib.split import (best_split, predict_hetero_step, shard_grid, split_sizes,
@@ -288,3 +288,16 @@ def test_data_loader_and_prefetch_keep_the_batches():
         raise RuntimeError("bad batch")
     with pytest.raises(RuntimeError, match="bad batch"):
         list(prefetch(broken(), "cpu"))
+
+
+def test_split_curve_predicts_and_measures_each_share():
+    x, y = _batch()
+    with HeteroDataParallel(_bn_free(), ["cpu", "cpu"], [3, 1]) as hdp:
+        opt = torch.optim.SGD(hdp.module.parameters(), lr=0.01)
+        rows = split_curve(hdp, x, y, opt, nn.CrossEntropyLoss(), [300.0, 100.0], 0.01,
+                           [0, 4, 8], steps=1)
+    assert [r["share"] for r in rows] == [0, 4, 8]
+    for r in rows:
+        assert r["measured_s"] > 0
+        assert r["predicted_s"] == pytest.approx(
+            predict_hetero_step([300.0, 100.0], [16 - r["share"], r["share"]], 0.01))

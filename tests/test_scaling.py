@@ -6,6 +6,7 @@ import pytest
 
 from mgpu_lib.evidence import (Calibration, calibrate, calibrated_overheads, cpu_spec,
                                leave_one_out)
+from mgpu_lib.runtime import StepModel, step_seconds, workload
 from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, LinkSpec, Overheads, allreduce_bytes,
                               dp_python_s, loader_rate, predict_epoch_time, predict_step_time,
                               ring_allreduce_s, scaling_efficiency, scaling_table, spec_for_name)
@@ -221,3 +222,17 @@ def test_the_loader_bounds_an_epoch_and_never_shortens_it():
     assert slow == pytest.approx(60.0) and fast == pytest.approx(free)
     assert loader_rate(28, 4) == pytest.approx(2 * loader_rate(28, 2))
     assert loader_rate(64) < loader_rate(28)
+
+
+def test_a_step_model_follows_the_datasheet_then_a_measured_step_then_a_measured_line():
+    t4 = DEVICES["T4"]
+    m = StepModel(t4, 8)
+    assert m.step_s(256) == pytest.approx(step_seconds(t4, 256, 8))
+    m.rescale(3 * m.step_s(256), 256)                 # the GPU turned out 3x slower
+    assert m.step_s(512) == pytest.approx(3 * step_seconds(t4, 512, 8))
+    assert m.epoch_s(256, 1000) == pytest.approx(3 * m.step_s(256))   # 3 full batches
+    assert m.eval_s(2048) == pytest.approx(2 * m.step_s(1024) / workload(8).train_factor)
+    m.cal = calibrate([(8, 0.01 + 8 / 1000), (64, 0.01 + 64 / 1000)])
+    assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)
+    m.rescale(1.0, 128)                               # a measured line is not rescaled
+    assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)

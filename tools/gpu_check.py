@@ -42,25 +42,24 @@ from typing import Callable, Optional
 import psutil
 import torch
 from torch import nn
-from torch.nn.parallel import replicate
 
 from mgpu_lib import results
-from mgpu_lib.bench import add_tflops, bench, measure, peak_tflops
-from mgpu_lib.chapter import chapter_loader
+from mgpu_lib.bench import add_tflops, batch_curve, bench, measure, peak_tflops
+from mgpu_lib.dataparallel import replicate_seconds
 from mgpu_lib.devices import cpu_name, describe_devices, timed
-from mgpu_lib.diagnose import loader_images_per_s, topology
-from mgpu_lib.evidence import calibrate, leave_one_out, published_fit
+from mgpu_lib.diagnose import chapter_loader_images_per_s, topology
+from mgpu_lib.evidence import calibrate, half_speed_batch, leave_one_out, published_fit
 from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
-                             time_split)
+                             split_curve)
 from mgpu_lib.model import resnet18
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.record import header as record_header
 from mgpu_lib.results import ResultsError, append, check_writable
-from mgpu_lib.runtime import step_seconds, workload
+from mgpu_lib.runtime import StepModel, workload
 from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
                               spec_for_name)
-from mgpu_lib.split import best_split, predict_hetero_step, shard_grid
-from mgpu_lib.switches import EVAL_BATCH, resolve_switches
+from mgpu_lib.split import best_split, shard_grid
+from mgpu_lib.switches import resolve_switches
 from mgpu_lib.sweep import load_store, point_key, record_from_result, sweep
 from mgpu_lib.train import TrainConfig, make_model, train
 
@@ -92,35 +91,6 @@ class StageFailed(RuntimeError):
 
 
 @dataclass
-class Speed:
-    """Seconds per training step on the device: the library's predictor (`runtime`, the pages'
-    own) for a datasheet at first, rescaled by the full run's measurement, then replaced by the
-    calibration's line."""
-    spec: DeviceSpec
-    width: int
-    scale: float = 1.0
-    cal: Optional[object] = None     # an `evidence.Calibration` once measured
-
-    def step_s(self, batch: float) -> float:
-        if self.cal is not None:
-            return self.cal.step_time(batch)
-        return self.scale * step_seconds(self.spec, batch, self.width)
-
-    def epoch_s(self, batch: int, images: int) -> float:
-        """One training epoch; the last partial batch is dropped, as `DeviceLoader` does."""
-        return max(1, images // batch) * self.step_s(batch)
-
-    def eval_s(self, images: int) -> float:
-        """One evaluation pass: forward only, a third of a training step's work."""
-        return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / workload(self.width).train_factor
-
-    def rescale(self, measured_step_s: float, batch: int) -> None:
-        """Scale the model so that it predicts `measured_step_s` at `batch`."""
-        if self.cal is None and measured_step_s > 0:
-            self.scale *= measured_step_s / self.step_s(batch)
-
-
-@dataclass
 class Check:
     """One run of the script: its settings, the device, the speed model and what was measured."""
     args: argparse.Namespace
@@ -129,7 +99,7 @@ class Check:
     cuda: bool                 # CUDA here (or, for a --dry-run with --spec, assumed)
     spec: DeviceSpec
     spec_known: bool
-    speed: Speed
+    speed: StepModel
     hardware: str
     slug: str
     out: Optional[Path] = None
@@ -261,35 +231,17 @@ def run_facts(check: Check) -> tuple:
 
 # ---- stage 2: the overheads the model fits to published runs, measured here ---------------
 
-def time_replicate(devices: list, width: int, reps: int = 5) -> float:
-    """Seconds per `replicate` of the chapter's network onto `devices` (DataParallel does it
-    every step; with one GPU onto that GPU again), after one warm-up."""
-    net = resnet18(width=width).to(devices[0])
-    replicate(net, devices)
-    with timed(devices) as t:
-        for _ in range(reps):
-            replicate(net, devices)
-    return t.seconds / reps
-
-
-def chapter_loader_rate(batch: int) -> float:
-    """Images/s of the chapter's pipeline (PIL images, ToTensor, its workers) alone, on random
-    images: this host's CPU, not the disk, is what is timed."""
-    images = torch.randint(0, 256, (40 * batch, 28, 28), dtype=torch.uint8)
-    return loader_images_per_s(chapter_loader(images, torch.zeros(len(images), dtype=torch.long),
-                                              batch, shuffle=True), batches=30)
-
-
 def run_overheads(check: Check) -> tuple:
     n = torch.cuda.device_count()
     devices = [torch.device(f"cuda:{i}") for i in range(n)]
     peer = {f"{i}-{j}": torch.cuda.can_device_access_peer(i, j)
             for i in range(n) for j in range(n) if i < j}
-    rep = time_replicate(devices, check.profile.width)
+    rep = replicate_seconds(resnet18(width=check.profile.width).to(devices[0]), devices)
     fit = published_fit()
     model = [dp_python_s(RESNET18, max(n, 2), fit.overheads(check.spec, 1, t)) / max(n, 2)
              for t in (0, 2)]
-    loader = chapter_loader_rate(check.profile.batch_size) if has_torchvision() else None
+    loader = (chapter_loader_images_per_s(check.profile.batch_size) if has_torchvision()
+              else None)
     f = dict(gpus=n, peer=peer, links={f"{i}-{j}": c for (i, j), c in topology().items()},
              replicate_s=rep, replicate_per_device_s=rep / n,
              model_python_per_device_s=model, loader_images_per_s=loader,
@@ -524,35 +476,11 @@ def predict_calibration(check: Check, left: float) -> float:
                for b in calibration_batches(check))
 
 
-def half_speed_batch(rows: list) -> Optional[float]:
-    """The batch whose images/s is half the largest batch's, interpolated in log2(batch);
-    None when even the smallest batch runs faster than that."""
-    target = rows[-1]["images_per_second"] / 2
-    for lo, hi in zip(rows, rows[1:]):
-        a, b = lo["images_per_second"], hi["images_per_second"]
-        if a < target <= b:
-            x = (target - a) / (b - a)
-            return 2 ** ((1 - x) * math.log2(lo["batch"]) + x * math.log2(hi["batch"]))
-    return None
-
-
-def measure_batches(check: Check) -> list:
-    """Images/s of the fast loop ("auto" switches) at each calibration batch."""
-    p, d = check.profile, check.device
-    steps, repeats, warmup = CAL_STEPS[check.cuda]
-    rows = []
-    for b in calibration_batches(check):
-        sw = resolve_switches(TrainConfig(width=p.width, batch_size=b), d)
-        m = measure({"fast": sw}, width=p.width, batch_size=b, steps=steps, repeats=repeats,
-                    warmup_steps=warmup, device=d)["fast"]
-        rows.append(dict(batch=b, images_per_second=m["median"], step_s=b / m["median"],
-                         runs=m["images_per_second"], peak_memory_mb=m["peak_memory_mb"]))
-    return rows
-
-
 def run_calibration(check: Check) -> tuple:
     d, w = check.device, check.profile.width
-    rows = measure_batches(check)
+    steps, repeats, warmup = CAL_STEPS[check.cuda]
+    rows = batch_curve(calibration_batches(check), width=w, steps=steps, repeats=repeats,
+                       warmup_steps=warmup, device=d)
     cal = calibrate([(r["batch"], r["step_s"]) for r in rows])
     sw = resolve_switches(TrainConfig(width=w), d)
     achieved = cal.images_per_second * workload(w).train_flops / 1e12
@@ -594,20 +522,6 @@ def predict_exercise2(check: Check, left: float) -> float:
             6 * SYNC_GUESS_S + 10 * 4 * slowest)
 
 
-def split_timings(hdp, plan, b: int, speeds: list, sync: float) -> list:
-    """Measured and predicted seconds per step for each CPU share on `shard_grid`."""
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(b, 1, 28, 28, generator=g), torch.randint(0, 10, (b,), generator=g)
-    opt = torch.optim.SGD(hdp.module.parameters(), lr=0.01)
-    rows = []
-    for k in shard_grid(b, plan.sizes[1]):
-        sizes = [b - k, k]
-        rows.append(dict(cpu_share=k, measured_s=time_split(hdp, x, y, opt, nn.CrossEntropyLoss(),
-                                                            sizes, steps=3),
-                         predicted_s=predict_hetero_step(speeds, sizes, sync)))
-    return rows
-
-
 def run_exercise2(check: Check) -> tuple:
     b = check.profile.batch_size
     setup = default_setup()
@@ -617,18 +531,22 @@ def run_exercise2(check: Check) -> tuple:
     with HeteroDataParallel(net, setup.devices, speeds) as hdp:
         sync = measure_sync(hdp, steps=5)
         plan = best_split(b, speeds, sync)
-        rows = split_timings(hdp, plan, b, speeds, sync)
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.rand(b, 1, 28, 28, generator=g), torch.randint(0, 10, (b,), generator=g)
+        opt = torch.optim.SGD(hdp.module.parameters(), lr=0.01)
+        rows = split_curve(hdp, x, y, opt, nn.CrossEntropyLoss(), speeds, sync,
+                           shard_grid(b, plan.sizes[1]))
     best = min(rows, key=lambda r: r["measured_s"])
-    alone = next(r["measured_s"] for r in rows if r["cpu_share"] == 0)
+    alone = next(r["measured_s"] for r in rows if r["share"] == 0)
     f = dict(setup=setup.label, batch=b, speeds=speeds, sync_s=sync,
              predicted=dict(sizes=list(plan.sizes), step_s=plan.step_s, alone_s=plan.alone_s,
                             speedup=plan.speedup, worth_it=plan.worth_it),
-             grid=rows, measured_best_cpu_share=best["cpu_share"],
+             grid=rows, measured_best_cpu_share=best["share"],
              measured_best_s=best["measured_s"], gpu_alone_s=alone,
              measured_speedup=alone / best["measured_s"])
     return f, (f"GPU {speeds[0]:.0f} img/s, CPU {speeds[1]:.0f} img/s, sync "
                f"{sync * 1e3:.1f} ms; predicted best CPU share {plan.sizes[1]} of {b} "
-               f"({plan.speedup:.2f}x), measured best {best['cpu_share']} "
+               f"({plan.speedup:.2f}x), measured best {best['share']} "
                f"({f['measured_speedup']:.2f}x vs the GPU alone)")
 
 
@@ -860,7 +778,7 @@ def make_check(args: argparse.Namespace, started: Optional[float] = None) -> Che
     spec, known = spec_for(device, args.spec)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     check = Check(args, profile, device, cuda or bool(args.dry_run and args.spec), spec,
-                  known, Speed(spec, profile.width), describe_devices([device]),
+                  known, StepModel(spec, profile.width), describe_devices([device]),
                   slug(name), run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     check.start = started if started is not None else check.start
     # never into the package's shipped records: a run's records are the user's until copied
