@@ -25,7 +25,7 @@ from .data import DataError
 from .ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, LaunchError, launch, run
 from .devices import DeviceError, num_gpus
 from .pages import prediction_header, prediction_rows
-from .plan import merge_vary, parse_vary, plan_line, vary_keys
+from .plan import merge_vary, parse_vary, plan_line, predicted_sweep, vary_keys
 from .profiles import active_profile, get_profile
 from .results import ResultsError, append, check_writable
 from .settings import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
@@ -151,12 +151,15 @@ def add_sweep_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
     p.add_argument("--store", required=True,
                    help="JSON Lines store: read, then one record appended per new point")
     p.add_argument("--yes", action="store_true",
-                   help=f"train a sweep of more than {SWEEP_CAP} points (it is refused "
-                        f"otherwise; above {MAX_POINTS:,} always)")
+                   help=f"train a sweep of more than {SWEEP_CAP} points or predicted to take "
+                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise; above "
+                        f"{MAX_POINTS:,} points always)")
 
 
-# A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours.
+# A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours,
+# and so can 2 runs of the full profile on a CPU.
 SWEEP_CAP = 200
+SWEEP_HOURS = 2.0
 
 
 def cmd_sweep(args) -> int:
@@ -171,9 +174,13 @@ def cmd_sweep(args) -> int:
     if n > MAX_POINTS:
         raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
                          "vary fewer values")
-    print(plan_line(base, vary, seeds), flush=True)
+    pred = predicted_sweep(base, vary, seeds)
+    print(plan_line(base, vary, seeds, pred), flush=True)
     if n > SWEEP_CAP and not args.yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
+    if pred and pred[1] > SWEEP_HOURS * 3600 and not args.yes:
+        raise ValueError(f"predicted to take up to {pred[1] / 3600:.1f} h, more than "
+                         f"{SWEEP_HOURS:g} h; pass --yes to train it")
     records = sweep(base, vary, seeds=seeds, store=args.store, log=print)
     print(f"{len(records)} points in {args.store}")
     return 0

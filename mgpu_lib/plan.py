@@ -91,13 +91,23 @@ def predict_seconds(jobs: Sequence[Job]) -> Optional[tuple[float, float, str]]:
     return min(times), max(times), f"a 2-core CPU like the {len(rates)} recorded"
 
 
-def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> str:
-    """One line: the points, how they multiply, and their predicted time (a prediction)."""
+def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
+                    ) -> Optional[tuple[float, float, str]]:
+    """`predict_seconds` for what the sweep trains: (low, high, on what), an upper bound (stored
+    points are skipped); None without a datasheet or record, or with too many run shapes."""
+    shapes = math.prod(len(vary.get(k, [0])) for k in SHAPE)
+    return (predict_seconds(sweep_jobs(base, vary, seeds)) if shapes <= MAX_PREDICTED_JOBS
+            else None)
+
+
+def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
+              pred: Optional[tuple[float, float, str]] = None) -> str:
+    """One line: the points, how they multiply, and their predicted time (a prediction; pass
+    `predicted_sweep`'s if it is already at hand)."""
     n = count_points(vary, seeds)
     factors = " x ".join(f"{k} {len(v)}" for k, v in vary.items())
     line = f"plan: {n:,} points ({factors} x seeds {len(seeds)})"
-    shapes = math.prod(len(vary.get(k, [0])) for k in SHAPE)
-    pred = predict_seconds(sweep_jobs(base, vary, seeds)) if shapes <= MAX_PREDICTED_JOBS else None
+    pred = pred or predicted_sweep(base, vary, seeds)
     if pred is None:
         return line + "; no time prediction here"
     low, high, on = pred

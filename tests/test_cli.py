@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mgpu_lib import __main__ as cli
 from mgpu_lib.data import DataError, load_raw
@@ -201,6 +202,19 @@ def test_a_large_sweep_needs_yes(tmp_path, capsys, planned):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out.startswith("plan: 300 points") and not planned
     assert "300 points is more than 200; pass --yes" in one_line(err)
+    assert run(capsys, *argv, "--yes")[0] == 0 and len(planned) == 1
+
+
+def test_a_sweep_predicted_to_take_hours_needs_yes(tmp_path, capsys, planned, monkeypatch):
+    """Before: the cap counted points only, so 2 runs of the full profile on a CPU (hours by the
+    recorded rates) started without a word."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # predict for a CPU
+    argv = ["sweep", "--profile", "full", "--data-source", "synthetic",
+            "--store", str(tmp_path / "s.jsonl"), "--vary", "lr=0.05,0.1", "--seeds", "0"]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out.startswith("plan: 2 points") and not planned
+    assert re.search(r"predicted to take up to [\d.]+ h, more than 2 h; pass --yes",
+                     one_line(err))
     assert run(capsys, *argv, "--yes")[0] == 0 and len(planned) == 1
 
 
