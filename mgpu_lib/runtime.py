@@ -120,6 +120,18 @@ def cpu_rates() -> dict[str, dict[int, float]]:
     return rates
 
 
+RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a test checks)
+
+
+def recorded_cpu(width: int, threads: int = RECORDED_THREADS) -> Calibration:
+    """A CPU before it is measured: the slowest recorded CPU's fast loop (fp32) at the recorded
+    width nearest `width`, scaled to `width` by FLOPs and to `threads` in proportion (an
+    assumption), as a line through the origin (no per-step cost)."""
+    flops = min(r[min(r, key=lambda w: abs(w - width))] for r in cpu_rates().values())
+    rate = flops * threads / RECORDED_THREADS / workload(width).train_flops
+    return Calibration(images_per_second=rate, step_s=0.0, rms_error_s=0.0)
+
+
 def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
     """Training seconds for `jobs` on a CPU that achieves `flops_by_width` (the recorded width
     nearest each job's is used)."""

@@ -236,3 +236,16 @@ def test_a_step_model_follows_the_datasheet_then_a_measured_step_then_a_measured
     assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)
     m.rescale(1.0, 128)                               # a measured line is not rescaled
     assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)
+
+
+def test_a_cpu_before_it_is_measured_is_the_slowest_recorded_one_scaled_by_flops_and_threads():
+    from mgpu_lib.runtime import RECORDED_THREADS, cpu_rates, recorded_cpu
+    from mgpu_lib.results import read, recorded
+    assert all(f"torch uses {RECORDED_THREADS})" in r["hardware"]
+               for r in read(recorded("bench_cpu.jsonl")))
+    slowest = min(r[16] for r in cpu_rates().values())
+    assert recorded_cpu(16).images_per_second == pytest.approx(
+        slowest / workload(16).train_flops)
+    assert recorded_cpu(16, threads=8).images_per_second == pytest.approx(
+        4 * recorded_cpu(16).images_per_second)
+    assert recorded_cpu(16).step_s == 0.0

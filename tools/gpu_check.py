@@ -34,7 +34,7 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
@@ -48,14 +48,15 @@ from mgpu_lib.bench import add_tflops, batch_curve, bench, measure, peak_tflops
 from mgpu_lib.dataparallel import replicate_seconds
 from mgpu_lib.devices import cpu_name, describe_devices, timed
 from mgpu_lib.diagnose import chapter_loader_images_per_s, topology
-from mgpu_lib.evidence import calibrate, half_speed_batch, leave_one_out, published_fit
+from mgpu_lib.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
+                               published_fit)
 from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
                              split_curve)
 from mgpu_lib.model import resnet18
 from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.record import header as record_header
 from mgpu_lib.results import ResultsError, append, check_writable
-from mgpu_lib.runtime import StepModel, workload
+from mgpu_lib.runtime import StepModel, recorded_cpu, workload
 from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
                               spec_for_name)
 from mgpu_lib.split import best_split, shard_grid
@@ -74,7 +75,6 @@ TESTS_S = 45.0                     # pytest + a torchrun/NCCL start + five tiny 
 TESTS_LIMIT_S = 180.0              # the CUDA tests are stopped after this
 SETUP_S = 6.0                      # a run: load the images, build the model, cuDNN autotuning
 MEASURE_SETUP_S = 1.5              # one bench.measure mode: model, synthetic data, warm-up
-CPU_ACHIEVED_TFLOPS = 0.05         # fp32 achieved per core (bench_cpu: ~0.1 on a 2-core EPYC)
 COMPILE_LIMIT_S = 60.0             # torch.compile is measured only if it compiles within this
 CHILD_START_S = 15.0               # a fresh Python process importing torch and CUDA
 SYNC_GUESS_S = 0.02                # hetero sync: ~45 MB of gradients and weights over PCIe
@@ -139,18 +139,20 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
-def spec_for(device: torch.device, override: Optional[str]) -> tuple[DeviceSpec, bool]:
-    """The datasheet for `device` (as `bench.peak_tflops` matches names), and whether it is
-    known; an unknown GPU is predicted as a T4, a CPU from an assumed rate per core."""
+def spec_for(device: torch.device, override: Optional[str], width: int
+             ) -> tuple[DeviceSpec, bool, Optional[Calibration]]:
+    """The datasheet for `device` (as `bench.peak_tflops` matches names), whether it is known,
+    and for a CPU the line it is predicted by (`runtime.recorded_cpu`); an unknown GPU is
+    predicted as a T4."""
     if override:
-        return DEVICES[override], True
+        return DEVICES[override], True, None
     if device.type == "cuda":
         spec = spec_for_name(torch.cuda.get_device_name(device))
-        return (spec, True) if spec is not None else (DEVICES["T4"], False)
-    cores = os.cpu_count() or 1
-    mfu = 0.4                                           # scaling.Overheads' default
-    return DeviceSpec("CPU", cores * CPU_ACHIEVED_TFLOPS / mfu, None, None, 20.0, 0.0,
-                      f"assumption: {CPU_ACHIEVED_TFLOPS} TFLOP/s achieved per core"), False
+        return (spec, True, None) if spec is not None else (DEVICES["T4"], False, None)
+    cal = recorded_cpu(width, torch.get_num_threads())
+    spec = replace(cpu_spec(cal, "CPU, at the slowest recorded rate", workload(width)),
+                   source="mgpu_lib/recorded/bench_cpu.jsonl, scaled to this CPU's threads")
+    return spec, False, cal
 
 
 def one_line(e: BaseException) -> str:
@@ -506,9 +508,9 @@ def run_calibration(check: Check) -> tuple:
 # ---- stage 7: exercise 2 --------------------------------------------------------------------
 
 def cpu_rate_guess(check: Check) -> float:
-    """Images/s the host CPU trains at, before measuring: an assumed rate per core."""
-    cores = os.cpu_count() or 1
-    return cores * CPU_ACHIEVED_TFLOPS * 1e12 / workload(check.profile.width).train_flops
+    """Images/s the host CPU trains at, before measuring: the slowest recorded CPU's, scaled to
+    this one's cores."""
+    return recorded_cpu(check.profile.width, os.cpu_count() or 1).images_per_second
 
 
 def predict_exercise2(check: Check, left: float) -> float:
@@ -775,10 +777,10 @@ def make_check(args: argparse.Namespace, started: Optional[float] = None) -> Che
     profile = get_profile(args.profile) if args.profile else active_profile()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda:0" if cuda else "cpu")
-    spec, known = spec_for(device, args.spec)
+    spec, known, cal = spec_for(device, args.spec, profile.width)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     check = Check(args, profile, device, cuda or bool(args.dry_run and args.spec), spec,
-                  known, StepModel(spec, profile.width), describe_devices([device]),
+                  known, StepModel(spec, profile.width, cal=cal), describe_devices([device]),
                   slug(name), run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     check.start = started if started is not None else check.start
     # never into the package's shipped records: a run's records are the user's until copied
