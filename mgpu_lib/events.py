@@ -230,17 +230,3 @@ def overlap_rows(run: TraceRun, overlap: Optional[float] = None) -> list:
                      round(o.allreduce_s * 1e3, 1), round(o.hidden_s * 1e3, 1),
                      round(100 * o.fraction), round(100 * o.assumed_fraction(overlap))))
     return rows
-
-
-def trim_trace(src, dst) -> Path:
-    """A copy of Chrome trace `src` with only what `read_trace` uses (steps, the classified
-    events, the `backward` marks, thread names): small enough to ship, still a Perfetto trace."""
-    doc = json.loads(Path(src).read_text())
-    keep = [e for e in doc["traceEvents"] if e.get("ph") == "M" or (
-        e.get("ph") == "X" and (STEP.match(e["name"]) or e["name"] == "backward"
-                                or classify(e["name"])))]
-    out = {k: v for k, v in doc.items() if k in ("schemaVersion", "displayTimeUnit",
-                                                 "otherData")}
-    Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    Path(dst).write_text(json.dumps({**out, "traceEvents": keep}, separators=(",", ":")))
-    return Path(dst)

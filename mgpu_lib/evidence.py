@@ -109,7 +109,8 @@ def check_on_runs(records: Sequence, ddp_runs: Sequence, workload: Workload, num
     cal = calibrate(measured)
 
     def epoch(n, batch, c, rate):
-        return predict_epoch_time(n, batch, num_images, cpu_spec(c, "CPU", workload), link,
+        trained = num_images // batch * batch         # training drops the last partial batch
+        return predict_epoch_time(n, batch, trained, cpu_spec(c, "CPU", workload), link,
                                   "ddp", images_per_second=rate,
                                   overheads=calibrated_overheads(c), workload=workload)
 
@@ -294,11 +295,11 @@ def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
     """Which of two predictions (seconds) is smaller at every corner of the band: "A faster",
     "B faster", or, where the answer flips inside the band, `UNDECIDED`."""
     f = f or fit()
-    signs = {math.copysign(1, a(o) - b(o)) for o in
-             (f.overheads(spec, c, t) for c in (0, 1, 2) for t in (0, 1, 2))}
-    if signs == {-1.0}:
+    diffs = [a(o) - b(o) for o in
+             (f.overheads(spec, c, t) for c in (0, 1, 2) for t in (0, 1, 2))]
+    if all(d < 0 for d in diffs):
         return f"{names[0]} faster"
-    return f"{names[1]} faster" if signs == {1.0} else UNDECIDED
+    return f"{names[1]} faster" if all(d > 0 for d in diffs) else UNDECIDED
 
 
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec, link: LinkSpec,

@@ -57,11 +57,14 @@ def parse_vary(text: str, config=TrainConfig) -> tuple:
 
 
 def merge_vary(pairs) -> dict:
-    """A repeated key adds its values: `--vary lr=0.05 --vary lr=0.1` sweeps both."""
+    """A repeated key adds its values: `--vary lr=0.05 --vary lr=0.1` sweeps both; a value
+    given twice is swept once (the sweep stores one point for it)."""
     vary: dict = {}
     for name, values in pairs:
         have = vary.setdefault(name, [])
-        have += [v for v in values if v not in have]
+        for v in values:
+            if v not in have:
+                have.append(v)
     return vary
 
 

@@ -152,7 +152,7 @@ def plot_sweep(records: Sequence, x: str, *, ax=None, title: str = "", logx: Opt
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.4))
     xs = [r["x"] for r in rows]
-    ok = [r for r in rows if r["n"] > r["diverged"]]
+    ok = [r for r in rows if r["ok"]]
     means = [r["acc_mean"] for r in ok]
     ax.errorbar([r["x"] for r in ok], means, yerr=_clipped(means, [r["acc_std"] for r in ok]),
                 fmt="o-", capsize=4, color="C0", label="test acc")

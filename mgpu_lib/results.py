@@ -257,7 +257,8 @@ def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
 
 def summarize(records: Sequence, x: str) -> list[dict]:
     """One row per value of `x`: mean/std of final test accuracy and of seconds per epoch over
-    the seeds that finished, plus how many diverged. Rows are sorted by `x`.
+    the seeds that finished (`ok` of `n`), plus how many diverged (failed runs are neither).
+    Rows are sorted by `x`.
 
     `records` are sweep records: anything with `get(x)`, `status`, `final_test_acc` and
     `sec_per_epoch`.
@@ -270,6 +271,7 @@ def summarize(records: Sequence, x: str) -> list[dict]:
         ok = [r for r in groups[value] if r.status == "ok"]
         acc_mean, acc_std, _ = mean_std_se([r.final_test_acc for r in ok])
         sec_mean, sec_std, _ = mean_std_se([r.sec_per_epoch for r in ok])
-        rows.append(dict(x=value, n=len(groups[value]), diverged=len(groups[value]) - len(ok),
+        rows.append(dict(x=value, n=len(groups[value]), ok=len(ok),
+                         diverged=sum(r.status == "diverged" for r in groups[value]),
                          acc_mean=acc_mean, acc_std=acc_std, sec_mean=sec_mean, sec_std=sec_std))
     return rows

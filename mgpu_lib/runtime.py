@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .evidence import Calibration, published_fit
+from .evidence import Calibration, band, published_fit
 from .model import forward_flops, num_params, resnet18
 from .results import read, recorded
 from .scaling import LINKS, DeviceSpec, Overheads, Workload, predict_step_time
@@ -144,7 +144,7 @@ def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
 
 
 def gpu_band(jobs: Sequence[Job], spec: DeviceSpec) -> tuple[float, float]:
-    """(low, high) training seconds over the fitted overheads' corners."""
-    f = published_fit()
-    t = [gpu_seconds(jobs, spec, f.overheads(spec, c, c)) for c in (2, 0)]
-    return min(t), max(t)
+    """(low, high) training seconds over the fitted overheads' four corners (`evidence.band`:
+    each GPU's mfu range crossed with DataParallel's thread_s range)."""
+    low, _, high = band(lambda o: gpu_seconds(jobs, spec, o), spec, published_fit())
+    return low, high

@@ -155,7 +155,7 @@ def read_error_file(path, rank: int) -> Optional[RankError]:
     first = text.strip().splitlines()[0] if text.strip() else ""
     try:
         stamp = int(extra.get("timestamp", 0))
-    except ValueError:
+    except (TypeError, ValueError):             # null or not a number: no time to compare
         stamp = 0
     return RankError(rank, name, first, stamp, written)
 

@@ -21,9 +21,11 @@ COMM = ("allreduce", "broadcast", "reduce")     # drawn on a lane below the rank
 
 
 def _lanes(ax, trace: RankTrace, step: int, y: float, seen: set) -> None:
-    """Two lanes for one rank: computation at `y`, communication just below it."""
+    """Two lanes for one rank: computation at `y`, communication just below it; times from
+    the rank's first event in `step` (events count from the rank's first recorded step)."""
+    t0 = min((e.start for kind in COLORS for e in trace.of(kind, step)), default=0.0)
     for kind in COLORS:
-        bars = [(e.start * 1e3, e.duration * 1e3) for e in trace.of(kind, step)]
+        bars = [((e.start - t0) * 1e3, e.duration * 1e3) for e in trace.of(kind, step)]
         if not bars:
             continue
         lane = y - 0.45 if kind in COMM else y

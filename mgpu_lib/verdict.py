@@ -5,7 +5,7 @@ Is A ahead of B, B ahead of A, or can the seeds not tell?
     v = paired({0: 0.83, 1: 0.81, 2: 0.85}, {0: 0.79, 1: 0.80, 2: 0.78},
                names=("batch 256", "batch 512"), scale=100, unit="points")
     v.words  # "batch 256 ahead"
-    str(v)   # "batch 256 ahead: +4.00 ± 1.53 points (batch 256 minus batch 512, 3 seeds, paired)"
+    str(v)   # "batch 256 ahead: +4.00 ± 1.73 points (batch 256 minus batch 512, 3 seeds, paired)"
 
 The rule (RULE): take A minus B seed by seed where both sides hold the same seeds (paired),
 else the difference of the two means with Welch's standard error (unpaired). A side is ahead

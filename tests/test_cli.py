@@ -122,6 +122,7 @@ def test_documented_commands_still_parse(argv):
     (["lr=0.05", "lr=0.1"], {"lr": [0.05, 0.1]}),
     (["epochs=1", "num_epochs=2"], {"num_epochs": [1, 2]}),
     (["batch-size=32,64", "batch_size=64,128"], {"batch_size": [32, 64, 128]}),
+    (["lr=0.1,0.1"], {"lr": [0.1]}),                   # once within one --vary, too
 ])
 @pytest.mark.slow
 def test_a_repeated_vary_key_merges_its_values(tmp_path, capsys, planned, varies, want):

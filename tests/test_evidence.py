@@ -76,6 +76,8 @@ def test_a_verdict_that_flips_inside_the_band_is_undecided():
     assert flips == evidence.UNDECIDED
     assert evidence.compare(lambda o: o.thread_s, lambda o: 1.0, V100, ("A", "B"), f) == "A faster"
     assert evidence.compare(lambda o: 1.0, lambda o: o.thread_s, V100, ("A", "B"), f) == "B faster"
+    tie = evidence.compare(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f)
+    assert tie == evidence.UNDECIDED                   # a tie is no one's win
     lo, mid, hi = evidence.band(lambda o: o.thread_s / o.mfu, V100, f)
     assert lo == 0.0 and mid == pytest.approx(0.01 / 0.6) and hi == pytest.approx(0.05 / 0.5)
 
@@ -114,7 +116,7 @@ def test_check_on_runs_predicts_each_batch_without_seeing_it():
     assert [name for name, _, _ in rows] == [f"1 process, batch {b}" for b in (64, 128, 256)]
     assert abs(cal.step_s - 0.01) < 1e-9 and abs(cal.images_per_second - 1000) < 1e-6
     for _, measured, predicted in rows:   # a line is predicted exactly by the other points
-        assert abs(predicted - measured) / measured < 0.05
+        assert predicted == pytest.approx(measured, rel=1e-9)
 
 
 def test_half_speed_batch_interpolates_in_log2_of_the_batch():

@@ -321,3 +321,14 @@ def test_sigterm_stops_a_ddp_job_like_ctrl_c(tmp_path):
     assert _one_line(err) and "SIGTERM" in err, err
     assert not list(tmp_path.glob("mgpu-ddp-*"))
     assert not any(alive(p.pid) for p in ranks)
+
+
+def test_an_error_file_with_a_null_timestamp_is_still_read(tmp_path):
+    """A torchelastic error file whose timestamp is null (or not a number) still names the
+    rank's exception; before, int(None) raised a TypeError out of the supervisor."""
+    import json
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": {"message": "ValueError: bad batch",
+                                            "extraInfo": {"timestamp": None}}}))
+    err = supervise.read_error_file(path, 1)
+    assert (err.rank, err.name, err.text, err.timestamp) == (1, "ValueError", "bad batch", 0)

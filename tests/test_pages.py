@@ -157,6 +157,19 @@ def test_gpu_predictions_carry_the_fitted_band_and_use_every_gpu(monkeypatch):
     assert pred["on"] == "2 x V100" and pred["seconds"][0] < pred["seconds"][1]
 
 
+def test_a_multi_gpu_band_spans_all_four_corners_of_the_fit():
+    """Before: only (high mfu, high thread_s) and (low, low) were tried, so on 2 GPUs the
+    fastest corner (high mfu, no DataParallel Python) and the slowest were missed."""
+    from mgpu_lib.evidence import published_fit
+    from mgpu_lib.runtime import Job, gpu_band, gpu_seconds
+    from mgpu_lib.scaling import DEVICES
+    jobs, v100, f = [Job("x", 1, 64, 256, 2, 60000, 10000, devices=2)], DEVICES["V100 SXM2"], \
+        published_fit()
+    corners = [gpu_seconds(jobs, v100, f.overheads(v100, c, t)) for c in (0, 2) for t in (0, 2)]
+    assert gpu_band(jobs, v100) == pytest.approx((min(corners), max(corners)))
+    assert min(corners) < gpu_seconds(jobs, v100, f.overheads(v100, 2, 2))
+
+
 def test_the_chapter_network_differs_from_this_one_only_until_data_flows():
     rows = {what: (chapter, book) for what, chapter, book in model_differences(width=8)}
     assert rows["parameters before any data"] == ("unknown (ValueError)", "176,634")

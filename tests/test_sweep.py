@@ -152,6 +152,14 @@ def test_summarize_mean_and_sample_std(tmp_path):
     assert row["sec_mean"] == pytest.approx(2.0) and row["n"] == 2
 
 
+def test_summarize_counts_diverged_and_failed_runs_apart():
+    from types import SimpleNamespace
+    recs = [SimpleNamespace(get=lambda k: 0.1, status=s, final_test_acc=0.6, sec_per_epoch=1.0)
+            for s in ("ok", "ok", "diverged", "failed")]
+    (row,) = summarize(recs, "lr")
+    assert (row["n"], row["ok"], row["diverged"]) == (4, 2, 1)
+
+
 def test_linear_scaling_and_warmup_arithmetic():
     assert linear_scaled_lr(0.1, 128, 512) == 0.4        # exactly: it is part of a sweep key
     assert [warmup_lr(s, 0.4, 4) for s in range(6)] == pytest.approx(

@@ -493,16 +493,20 @@ def run_calibration(check: Check) -> tuple:
              mfu=achieved / peak if peak else None,
              mfu_vs_fp32_peak=achieved / check.spec.fp32_tflops if check.spec_known else None,
              half_speed_batch=half_speed_batch(rows),
-             half_speed_batch_model=cal.step_s * cal.images_per_second,
+             # the same quantity read off the fitted line at the same batches
+             half_speed_batch_model=half_speed_batch([
+                 dict(batch=b, images_per_second=b / cal.step_time(b))
+                 for b in (r["batch"] for r in rows)]),
              leave_one_out_max_error=max(abs(r["error"]) for r in leave_one_out(
                  [(r["batch"], r["step_s"]) for r in rows])) if len(rows) > 2 else None)
     if check.cuda:
-        check.speed.cal = cal             # stages 6 and 7 predict from the measured line
-    b_half = f"{f['half_speed_batch']:.0f}" if f["half_speed_batch"] else "< 8"
+        check.speed.cal = cal             # stages 7 and 8 predict from the measured line
+    b_half, b_line = (f"{b:.0f}" if b else f"< {rows[0]['batch']}"
+                      for b in (f["half_speed_batch"], f["half_speed_batch_model"]))
     mfu = f"{f['mfu']:.0%} of {peak:g} TFLOP/s peak" if peak else "peak unknown"
     return f, (f"{cal.images_per_second:.0f} images/s + {cal.step_s * 1e3:.2f} ms/step, "
                f"{achieved:.2f} TFLOP/s ({mfu}), b1/2 {b_half} measured, "
-               f"{f['half_speed_batch_model']:.0f} from the line")
+               f"{b_line} from the line")
 
 
 # ---- stage 7: exercise 2 --------------------------------------------------------------------
@@ -800,7 +804,7 @@ def main(argv=None, started: Optional[float] = None) -> int:
         print_plan(check)
         return 0
     try:
-        check_writable(check.out)
+        check_writable(check.out, store=True)
         check.out.parent.mkdir(parents=True, exist_ok=True)   # a bad --out fails now, not later
     except (ResultsError, OSError) as e:
         print(f"gpu_check: error: {e}", file=sys.stderr)
