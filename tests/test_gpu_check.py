@@ -175,3 +175,14 @@ def test_the_tool_and_the_pages_share_one_predictor():
     assert isinstance(check.speed, runtime.StepModel)
     assert check.speed.step_s(256) == pytest.approx(
         runtime.step_seconds(DEVICES["T4"], 256, check.profile.width))
+
+
+def test_a_fifo_as_the_record_store_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Before: a FIFO or a device passed the first check, and stage 1's append then raised a
+    traceback (rc 1)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert load_tool().main(["--profile", "smoke", "--only", "facts", "--out", str(fifo)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu_check: error:") and "FIFO" in err[0]
