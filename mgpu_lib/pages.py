@@ -32,7 +32,7 @@ import torch
 from .devices import num_gpus
 from .profiles import Profile, active_profile, banner, get_profile
 from .results import recorded
-from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds
+from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds, recorded_cpus
 from .scaling import spec_for_name
 from .style import book_style
 from .train import TrainConfig
@@ -245,7 +245,7 @@ def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
         return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
     times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]
     return dict(seconds=(min(times), max(times)), profile=profile, cuts=[],
-                on=f"a 2-core CPU like the {len(rates)} recorded", budget_s=budget)
+                on=recorded_cpus(rates), budget_s=budget)
 
 
 def expected_line(pred: dict) -> str:

@@ -1,7 +1,7 @@
 """A sweep's plan, before anything trains: its keys, how many points, how long they should take.
 
     python -m mgpu_lib sweep --vary lr=0.05,0.1 --seeds 0,1 --store runs/lr.jsonl
-    plan: 4 points (lr 2 x seeds 2); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
+    plan: 4 points (lr 2 x seeds 2); predicted about 3 to 9 min on a 2-core CPU like the 2 recorded ...
 
 The time comes from the one run-time predictor (`runtime`), the one that predicts each page: a
 band from the fitted overheads on a GPU with a datasheet, the recorded 2-core CPUs' range on a
@@ -19,7 +19,7 @@ import torch
 
 from .devices import num_gpus
 from .pages import FULL_TEST, FULL_TRAIN, span
-from .runtime import Job, cpu_rates, cpu_seconds, gpu_band
+from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, recorded_cpus
 from .scaling import spec_for_name
 from .settings import Check, flag_name, on_cli
 from .sweep import OPTIONS, count_points
@@ -91,7 +91,7 @@ def predict_seconds(jobs: Sequence[Job]) -> Optional[tuple[float, float, str]]:
     if not rates:
         return None
     times = [cpu_seconds(jobs, r) for r in rates.values()]
-    return min(times), max(times), f"a 2-core CPU like the {len(rates)} recorded"
+    return min(times), max(times), recorded_cpus(rates)
 
 
 def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]

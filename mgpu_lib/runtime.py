@@ -123,6 +123,12 @@ def cpu_rates() -> dict[str, dict[int, float]]:
 RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a test checks)
 
 
+def recorded_cpus(rates: dict) -> str:
+    """What a CPU prediction from `cpu_rates()` is for, in words."""
+    return (f"a 2-core CPU like the {len(rates)} recorded machine"
+            + ("s" if len(rates) != 1 else "") + " (bench_cpu.jsonl)")
+
+
 def recorded_cpu(width: int, threads: int = RECORDED_THREADS) -> Calibration:
     """A CPU before it is measured: the slowest recorded CPU's fast loop (fp32) at the recorded
     width nearest `width`, scaled to `width` by FLOPs and to `threads` in proportion (an
