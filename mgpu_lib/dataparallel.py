@@ -5,6 +5,7 @@ replicas' gradients into device 0's parameters. Timing the pieces needs CUDA dev
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Sequence
 
@@ -71,22 +72,36 @@ def replicate_seconds(net: nn.Module, devices: Sequence[torch.device], reps: int
     return timer.timeit(reps).mean
 
 
-def sync_timing(device: torch.device, size: int = 4096, reps: int = 10) -> tuple[float, float]:
-    """Seconds for `reps` matrix products timed without, then with, `synchronize`.
+def sync_timing(device: torch.device, size: int = 4096, reps: int = 10,
+                rounds: int = 6) -> tuple[float, float]:
+    """Median seconds for `reps` matrix products timed without, and with, `synchronize`.
 
-    On a GPU the first figure only measures how long it took to *launch* the work.
+    Both loops are warmed up, then each is timed `rounds` times, alternating which goes first,
+    and every timing starts with nothing queued. On a GPU the first figure only measures how
+    long it took to *launch* the work; on a CPU nothing is asynchronous, so the two agree up
+    to run-to-run noise.
     """
     a = torch.randn(size, size, device=device)
-    a @ a                                            # warm-up
-    synchronize([device])
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ a
-    unsynced = time.perf_counter() - t0
-    with timed([device]) as t:
+
+    def unsynced() -> float:
+        synchronize([device])                        # start with nothing queued
+        t0 = time.perf_counter()
         for _ in range(reps):
             a @ a
-    return unsynced, t.seconds
+        return time.perf_counter() - t0              # on a GPU: before the work is done
+
+    def synced() -> float:
+        with timed([device]) as t:
+            for _ in range(reps):
+                a @ a
+        return t.seconds
+
+    unsynced(), synced()                             # warm-up, not counted
+    times: dict = {unsynced: [], synced: []}
+    for r in range(rounds):
+        for clock in ((unsynced, synced) if r % 2 == 0 else (synced, unsynced)):
+            times[clock].append(clock())
+    return statistics.median(times[unsynced]), statistics.median(times[synced])
 
 
 def sharded_gradient_error(net: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -12,7 +12,8 @@ PHASES = [
     ("replicate\nmodel", "copy weights\nevery step"),
     ("forward", "one thread\nper device"),
     ("gather\noutputs", "copy outputs\nto GPU 0"),
-    ("loss +\nbackward", "grads flow back\nto replicas"),
+    ("loss", "GPU 0 only"),
+    ("backward", "grads flow back\nto replicas"),
     ("reduce\ngradients", "sum into\nGPU 0"),
     ("optimizer\nstep", "GPU 0 only"),
 ]
@@ -28,8 +29,8 @@ def draw_dataparallel_step(n_devices: int = 4, ax=None):
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(8.5, 1.6 + 0.8 * n_devices))
-    only_dev0 = {"optimizer\nstep"}
+        _, ax = plt.subplots(figsize=(9.5, 1.6 + 0.8 * n_devices))
+    only_dev0 = {"loss", "optimizer\nstep"}
     copies = {"scatter\ninputs", "replicate\nmodel", "gather\noutputs", "reduce\ngradients"}
     colors = {"copy": "#f4a261", "compute": "#2a9d8f", "dev0": "#e76f51"}
     for col, (phase, note) in enumerate(PHASES):
