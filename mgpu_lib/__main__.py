@@ -308,7 +308,7 @@ def cmd_trace(args) -> int:
         raise ValueError("--accumulate needs --bucket-cap-mb")
     variants = None
     if args.bucket_cap_mb is not None:
-        name = f"bucket cap {args.bucket_cap_mb:g} MB" + (
+        name = f"bucket cap {args.bucket_cap_mb:g} MiB" + (
             f", no_sync x{args.accumulate}" if args.accumulate > 1 else "")
         variants = [Variant(name, args.bucket_cap_mb, args.accumulate)]
     check_writable(Path(args.out) / "events.json")

@@ -39,6 +39,10 @@ from .model import num_params, resnet18
 from .train import TrainConfig, make_model
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
+# DDP's default caps (torch/nn/parallel/distributed.py): 25 MiB a bucket, but the first bucket
+# only 1 MiB, so that the last layers' gradients start their all-reduce early
+DEFAULT_CAP_BYTES = 25 * 2**20
+FIRST_CAP_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
 WAIT, WARMUP = 1, 1          # profiler schedule: skip the first step (buckets are rebuilt after
                              # it), warm up on the second, record the rest
 
@@ -48,7 +52,8 @@ class Variant:
     """One way to run DDP: a bucket cap, and micro-batches per step (all but the last under
     `no_sync`, so only the last backward all-reduces)."""
     name: str
-    bucket_cap_mb: Optional[float] = None     # None: DDP's default (25 MB)
+    bucket_cap_mb: Optional[float] = None     # MiB; None: DDP's default (DEFAULT_CAP_BYTES,
+                                              # the first bucket FIRST_CAP_BYTES)
     accumulate: int = 1
 
 
@@ -56,8 +61,20 @@ def default_variants(width: int) -> list:
     """Six buckets, one bucket, and one bucket with two micro-batches under `no_sync`."""
     grad_mb = num_params(resnet18(width=width)) * 4 / 2**20
     small = round(grad_mb / 6, 3)
-    return [Variant(f"buckets of {small:g} MB", small), Variant("one bucket", ONE_BUCKET_MB),
+    return [Variant(f"buckets of {small:g} MiB", small), Variant("one bucket", ONE_BUCKET_MB),
             Variant("no_sync, 2 micro-batches", ONE_BUCKET_MB, accumulate=2)]
+
+
+def default_bucket_bytes(width: int) -> list:
+    """The buckets DDP forms by default for `resnet18(width)`, in bytes: gradients in backward's
+    order (the last layer's first), each bucket closed once it reaches its cap (the first one
+    FIRST_CAP_BYTES, the rest DEFAULT_CAP_BYTES). DDP's real order differs by a few tensors."""
+    buckets, size = [], 0
+    for p in reversed(list(resnet18(width=width).parameters())):
+        size += p.numel() * p.element_size()
+        if size >= (DEFAULT_CAP_BYTES if buckets else FIRST_CAP_BYTES):
+            buckets, size = buckets + [size], 0
+    return buckets + [size] if size else buckets
 
 
 # ---- running it -----------------------------------------------------------------------------------
@@ -160,8 +177,10 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
         args = (nprocs, os.path.join(tmp, "store"), config.to_dict(),
                 [asdict(v) for v in variants], str(out), active, backend, timeout_s, tmp)
         _spawn(args, nprocs, timeout_s, tmp)
-    run = TraceRun(f"{nprocs} x {backend} process(es) on {describe_devices()}", config.profile,
-                   nprocs, backend, config.width, config.batch_size,
+    # the hardware as rank 0 saw it: its share of the threads, not this process's
+    meta = json.loads((out / _folder(variants[0]) / "rank0.json").read_text())["otherData"]
+    run = TraceRun(f"{nprocs} x {backend} process(es), each on {meta['mgpu']['hardware']}",
+                   config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
     run.ranks = [read_trace(out / _folder(v) / f"rank{r}.json", v.name, r)
                  for v in variants for r in range(nprocs)]
@@ -209,6 +228,17 @@ def summary_lines(run: TraceRun, overlap: Optional[float] = None) -> list:
                      f"{bwd:g} ms, all-reduce {comm:g} ms, {measured}% of it hidden "
                      f"(model: {assumed}%)")
     return lines
+
+
+def unwaited_allreduce_s(run: TraceRun, variant: str) -> float:
+    """All-reduce time per step with the waiting taken out: an all-reduce's bar also counts the
+    time a rank waits for its peers, so for each bucket take the shortest bar over the ranks
+    (the rank that arrived last hardly waits), sum over the step, average over the steps."""
+    ranks = [r for r in run.ranks if r.variant == variant]
+    steps = [sum(min(bars) for bars in zip(*([e.duration for e in r.of("allreduce", s)]
+                                             for r in ranks)))
+             for s in range(min((r.steps for r in ranks), default=0))]
+    return sum(steps) / len(steps) if steps else 0.0
 
 
 # ---- DataParallel, on two or more GPUs ----------------------------------------------------------

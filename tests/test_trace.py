@@ -17,6 +17,7 @@ from mgpu_lib.devices import DeviceError, num_gpus
 from mgpu_lib.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
                              mean_overlap, measure_overlap, overlap_rows, read_trace,
                              save_events)
+from mgpu_lib.model import resnet18
 from mgpu_lib.profiles import get_profile
 from mgpu_lib.timeline import draw_overlap, draw_timelines
 from mgpu_lib.trace import summary_lines
@@ -160,6 +161,23 @@ def test_mean_overlap_averages_the_ranks():
     run = TraceRun("", "", 2, "gloo", 8, 32, 0.0,
                    [RankTrace("v", 0, ev(1.0), 1), RankTrace("v", 1, ev(3.0), 1)])
     assert mean_overlap(run, "v") == Overlap(1.0, 2.0, 0.5, 1, 1)
+
+
+def test_unwaited_allreduce_takes_each_buckets_shortest_bar():
+    # rank 0 waits 4 s in the first bucket, rank 1 2 s in the second: 1 + 1 s left
+    ev = lambda d1, d2: [Event("a", "allreduce", 0.0, d1, 0), Event("a", "allreduce", 9.0, d2, 0)]
+    run = TraceRun("", "", 2, "gloo", 8, 32, 0.0,
+                   [RankTrace("v", 0, ev(5.0, 1.0), 2), RankTrace("v", 1, ev(1.0, 3.0), 2)])
+    assert trace_mod.unwaited_allreduce_s(run, "v") == 2.0
+    assert mean_overlap(run, "v").allreduce_s == 5.0
+
+
+def test_default_buckets_follow_ddps_caps_first_one_small():
+    assert trace_mod.FIRST_CAP_BYTES == 2**20 and trace_mod.DEFAULT_CAP_BYTES == 25 * 2**20
+    grads = sum(p.numel() * 4 for p in resnet18(width=16).parameters())
+    sizes = trace_mod.default_bucket_bytes(16)      # 2.8 MB: 1 MiB, then the rest
+    assert sum(sizes) == grads and len(sizes) == 2 and sizes[0] >= 2**20 > sizes[0] - 2**19
+    assert len(trace_mod.default_bucket_bytes(8)) == 1      # 0.7 MB: under the first cap
 
 
 def test_marked_dataparallel_marks_each_phase_and_passes_its_arguments(monkeypatch):
