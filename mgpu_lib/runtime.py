@@ -124,9 +124,9 @@ RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a
 
 
 def recorded_cpus(rates: dict) -> str:
-    """What a CPU prediction from `cpu_rates()` is for, in words."""
-    return (f"a 2-core CPU like the {len(rates)} recorded machine"
-            + ("s" if len(rates) != 1 else "") + " (bench_cpu.jsonl)")
+    """What a CPU prediction from `cpu_rates()` is for, in words (short: it ends a printed
+    line that must fit the book's column)."""
+    return f"a 2-core CPU like the {len(rates)} recorded {'one' if len(rates) == 1 else 'ones'}"
 
 
 def recorded_cpu(width: int, threads: int = RECORDED_THREADS) -> Calibration:

@@ -77,6 +77,31 @@ def test_stored_outputs_are_clean(path):
             assert not MACHINE_PATH.search(text), f"{path.name}: machine path in {text[:200]}"
 
 
+SHOWN_AS_TEXT = ("text/html", "text/markdown", "image/png", "image/svg+xml")
+MAX_COLUMNS = 88          # tools/check_book.py's limit, checked here without building the book
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_printed_output_lines_fit_the_column(path):
+    """What the book shows as plain text (printed lines, and a result with no richer form)
+    stays within the column: the built-book check finds the same, minutes later."""
+    nb = nbformat.read(path, as_version=4)
+    wide = []
+    for i, c in enumerate(x for x in nb.cells if x.cell_type == "code"):
+        for out in c.outputs:
+            data = out.get("data", {})
+            if out.output_type == "stream":
+                text = out.text
+            elif "text/plain" in data and not any(k in data for k in SHOWN_AS_TEXT) and \
+                    not any(k.startswith("application/papermill") for k in data):
+                text = data["text/plain"]
+            else:
+                continue
+            wide += [f"code cell {i}: {len(line)} chars: {line[:60]}"
+                     for line in text.splitlines() if len(line) > MAX_COLUMNS]
+    assert not wide, f"{path.name}: " + "; ".join(wide)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_reusable_code_in_notebooks(path):
     nb = nbformat.read(path, as_version=4)
