@@ -6,7 +6,7 @@ time it against.
 - `chapter_loader`: its input pipeline (`load_data_fashion_mnist`), a `DataLoader` with 4
   worker processes that turns every image into a PIL image and back through `ToTensor`;
 - `train`, `chapter_step` and `evaluate_accuracy_gpu`: its training loop, line by line.
-This book's own versions (`model.resnet18`, `data.load_fashion_mnist`, `train.train`) fix what
+This book's own versions (`model.resnet18`, `data.load_fashion_mnist`, `training.train`) fix what
 goes wrong here. `load_fashion_mnist_chapter` is the same pipeline with the image order and the
 dropped last batch of `data.DeviceLoader`, so the two loops can be compared seed by seed.
 """

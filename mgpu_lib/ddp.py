@@ -3,9 +3,9 @@
     python -m mgpu_lib train --strategy ddp --nprocs 2 --profile smoke --checkpoint ckpt --resume
     torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke --epochs 3 --batch-size 64
 
-The difference from `train.train` is small on purpose: a process group, a `DistributedSampler`
+The difference from `training.train` is small on purpose: a process group, a `DistributedSampler`
 shard of the data per rank, the model wrapped in `DistributedDataParallel`, and rank 0 alone
-evaluating, logging and saving; the epoch loop is `train.fit`. Without CUDA the backend is gloo
+evaluating, logging and saving; the epoch loop is `training.fit`. Without CUDA the backend is gloo
 and each process gets its share of the CPU threads, so N processes act as N "virtual devices".
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
 import textwrap
 from datetime import timedelta
@@ -29,10 +28,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
-from .results import check_writable, write_json_atomic
-from .supervise import LaunchError, RankInputError, failure, supervise  # noqa: F401
-from .switches import prepare_model, resolve_switches
-from .train import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
+from .config import prepare_model, resolve_switches
+from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
                     make_step)
 
 CKPT_NAME = "last.pt"
@@ -48,6 +45,11 @@ COLLECTIVE_TIMEOUT_S = 300.0
 
 class CheckpointError(ValueError):
     """A checkpoint that is unreadable, truncated, or from a different run."""
+
+
+class RankInputError(ValueError):
+    """A rank refused its input (bad data, a bad checkpoint): a user error, said in one line by
+    the launcher, which reads it from the rank's error file."""
 
 
 # ---- pure arithmetic --------------------------------------------------------------------------
@@ -251,11 +253,11 @@ def run(config: TrainConfig, **kw) -> Optional[TrainResult]:
 
 
 def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: bool = False,
-         out=None, timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
+         timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
          log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
     """On CPU each process uses `threads` threads, by default its share of this node's cores.
     `timeout_s` bounds how long a collective waits for a silent rank. Returns the `TrainResult`
-    on rank 0 (which also writes it to `out` and calls `log` with its progress lines), else None.
+    on rank 0 (which also calls `log` with its progress lines), else None.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if checkpoint and not resume:
@@ -274,8 +276,6 @@ def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume:
     # wait on a peer, delaying the error file that tells the launcher which rank failed.
     result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume,
                   log if rank == 0 else None)
-    if rank == 0 and out:
-        result.save(out)
     dist.destroy_process_group()
     return result if rank == 0 else None
 
@@ -339,56 +339,3 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume, 
     if log:
         log(result.summary())
     return result
-
-
-# ---- the launcher -----------------------------------------------------------------------------
-
-def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
-           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
-           resume: bool = False, log: Optional[Callable[[str], None]] = None) -> TrainResult:
-    """Run `config` as a torchrun job of `nprocs` processes on this machine; rank 0's result.
-
-    Args:
-        config: what to train; `batch_size` is the global batch, split evenly over the ranks.
-        nprocs: processes (one per GPU with nccl; "virtual devices" sharing the CPU with gloo).
-        backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
-        timeout_s: the whole job's limit; past it every process is stopped.
-        collective_timeout_s: how long a rank waits in a collective for a silent peer.
-        checkpoint: a folder for per-epoch checkpoints; `resume` continues from the last one.
-        log: called with each of rank 0's progress lines as it arrives (e.g. `print`).
-    Returns:
-        Rank 0's `TrainResult`; a diverged run is a result with status "diverged".
-    Raises:
-        RankInputError: a rank refused its input (missing data, say): a ValueError.
-        LaunchError: a rank failed or the job timed out (the message names the rank and error).
-    """
-    backend = choose_backend(backend)
-    local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
-    if backend == "nccl" and nprocs > num_gpus():
-        raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
-                          f"{num_gpus()}")
-    if checkpoint:
-        check_writable(Path(checkpoint) / CKPT_NAME)     # a folder we cannot write: now
-    if checkpoint and resume:
-        load_checkpoint(checkpoint, config, nprocs)      # a bad checkpoint: one line, now
-    elif checkpoint:
-        check_fresh(checkpoint)                          # never overwrite another run's
-    with tempfile.TemporaryDirectory(prefix="mgpu-ddp-") as tmp:
-        cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
-        write_json_atomic(cfg, config.to_dict())
-        args = ["--config", str(cfg), "--out", str(out), "--backend", backend,
-                "--timeout", str(collective_timeout_s)]
-        if checkpoint:
-            args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
-        logs = Path(tmp) / "logs"    # torchrun gives each rank an error file under it
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nprocs}", "--max-restarts=0", f"--log-dir={logs}",
-               "-m", "mgpu_lib", "worker", *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
-        if os.name == "nt":     # torch's Windows wheels have no libuv, which torchrun's store
-            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils)
-        ended = supervise(cmd, env, timeout_s, log, log_dir=logs)
-        if ended.code != 0:
-            raise failure(ended)
-        return TrainResult.load(out)

@@ -25,7 +25,7 @@ from torch import nn
 from .data import load_fashion_mnist
 from .devices import cpu_name, describe_devices, num_gpus, synchronize, timed
 from .split import check_speeds, predict_hetero_step, split_sizes
-from .train import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
+from .training import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
 
 SIMULATED = "SIMULATED"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import psutil
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from mgpu_lib.profiles import get_profile
-from mgpu_lib.train import TrainConfig
+from mgpu_lib.book.profiles import get_profile
+from mgpu_lib.training import TrainConfig
 
 # On PYTHONPATH, this folder's sitecustomize makes a DDP worker raise MGPU_TEST_RAISE.
 HOOKS = Path(__file__).resolve().parent / "worker_hooks"
@@ -23,7 +23,7 @@ def source() -> str:
 def tiny(**kw) -> TrainConfig:
     base = dict(width=4, num_epochs=1, train_limit=400, test_limit=100, data_source=source())
     base.update(kw)
-    return TrainConfig.from_profile(get_profile("smoke"), **base)
+    return get_profile("smoke").config(**base)
 
 
 def workers() -> list:

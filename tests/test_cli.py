@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu_lib import __main__ as cli
+from mgpu_lib.book import cli as cli
 from mgpu_lib.data import DataError, load_raw
-from mgpu_lib.settings import NONNEGATIVE_NUMBER, declared, flag_name, setting
-from mgpu_lib.sweep import MAX_POINTS, expand
-from mgpu_lib.train import TrainConfig
+from mgpu_lib.config import NONNEGATIVE_NUMBER, declared, flag_name, setting
+from mgpu_lib.book.sweep import MAX_POINTS, expand
+from mgpu_lib.training import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ crash depends on the machine: the issue saw it at 8 input channels on 2 threads,
 a 2-core AVX2 AMD EPYC (torch 2.14.1+cu130, CPU only) crashed at 2-7 input channels on 1 thread
 (every batch from 2 up, odd or even), never at 1 or >= 8 channels and never with NCHW.
 Every probe on either machine was safe at 16 and 64 input channels, so the fast path keeps
-channels_last on a CPU only from width 16 (`mgpu_lib.switches.channels_last_safe`): the model's
+channels_last on a CPU only from width 16 (`mgpu_lib.config.channels_last_safe`): the model's
 narrowest stride-2 1x1 convolution has `width` input channels.
 
 The reproduction runs in a subprocess, so a crash fails one test, not the runner. Whether this
@@ -65,7 +65,7 @@ def test_rule_never_chooses_a_crashing_layout(cin, threads, batch, record_proper
     The model's narrowest stride-2 1x1 convolution has `width` input channels, so width = cin.
     Where this torch crashes with channels_last, the rule must have said no.
     """
-    from mgpu_lib.switches import channels_last_safe
+    from mgpu_lib.config import channels_last_safe
 
     chosen = CHANNELS_LAST if channels_last_safe("cpu", cin) else NCHW
     record_property("layout", chosen)
@@ -76,7 +76,7 @@ def test_rule_never_chooses_a_crashing_layout(cin, threads, batch, record_proper
 
 def test_rule_values():
     """From width 16 a CPU keeps channels_last (measured 1.1x-1.4x faster); below, NCHW."""
-    from mgpu_lib.switches import channels_last_safe
+    from mgpu_lib.config import channels_last_safe
 
     assert [w for w in (1, 2, 4, 7, 8, 12, 15) if channels_last_safe("cpu", w)] == []
     assert all(channels_last_safe("cpu", w) for w in (16, 32, 64, 128))

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib.dataparallel import dp_breakdown
-from mgpu_lib.ddp import launch
+from mgpu_lib.lab.anatomy import dp_breakdown
+from mgpu_lib.lab.launcher import launch
 from mgpu_lib.hetero import HeteroDataParallel
-from mgpu_lib.switches import REFERENCE, native_bf16, resolve_switches
-from mgpu_lib.train import TrainConfig, make_model, train
+from mgpu_lib.config import REFERENCE, native_bf16, resolve_switches
+from mgpu_lib.training import TrainConfig, make_model, train
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -45,7 +45,7 @@ def test_dataparallel_with_two_device_ids_raises_when_the_module_stayed_on_the_c
     assert {p.device.type for p in dp.module.parameters()} == {"cpu"}
     with pytest.raises(RuntimeError, match="parameters and buffers"):
         dp(torch.rand(8, 1, 28, 28, device="cuda:0"))
-    dp.module.to("cuda:0")            # what mgpu_lib.train.train does before wrapping
+    dp.module.to("cuda:0")            # what mgpu_lib.training.train does before wrapping
     assert dp(torch.rand(8, 1, 28, 28, device="cuda:0")).shape == (8, 10)
 
 

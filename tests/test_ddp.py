@@ -15,9 +15,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from mgpu_lib import ddp, scaling, supervise
-from mgpu_lib.__main__ import main
-from mgpu_lib.train import TrainConfig, TrainResult, make_model, make_step
+from mgpu_lib.book.store import load_result
+from mgpu_lib import ddp
+from mgpu_lib.lab import launcher
+from mgpu_lib.perf import scaling
+from mgpu_lib.book.cli import main
+from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
 
 from ddp_helpers import rank_pid, source, tiny, write_error_file
 
@@ -126,7 +129,7 @@ def test_two_nodes_on_one_machine(tmp_path):
         for p in nodes:
             p.kill() if p.poll() is None else None
     assert [p.returncode for p in nodes] == [0, 0], logs
-    result = TrainResult.load(out)
+    result = load_result(out)
     assert result.extra["world_size"] == 2 and result.extra["backend"] == "gloo"
     assert result.extra["local_batch_size"] == 16 and len(result.test_acc) == 1
     assert result.steps_per_epoch == 12      # 200 images per rank, 12 full batches of 16
@@ -140,9 +143,9 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
 
     def first_run():
         try:
-            ddp.launch(config, 2, checkpoint=ckpt, timeout_s=150,
+            launcher.launch(config, 2, checkpoint=ckpt, timeout_s=150,
                        log=lambda line: line.startswith("epoch 1/") and saved_one.set())
-        except ddp.LaunchError as e:
+        except launcher.LaunchError as e:
             failure["error"], failure["at"] = str(e), time.monotonic()
         saved_one.set()                 # never wait on a job that already ended
 
@@ -162,7 +165,7 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
 
-    result = ddp.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)
+    result = launcher.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)
     assert result.extra["resumed_from_epoch"] == saved
     assert len(result.train_loss) == len(result.test_acc) == len(result.epoch_seconds) == 3
     assert result.status == "ok"
@@ -171,29 +174,29 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
 def test_failure_names_the_rank_from_its_error_file_or_its_signal(tmp_path, monkeypatch):
     """torchrun's per-rank error files name the rank and its exception; a rank a signal ended
     writes none, so torchrun's "Signal 9 (SIGKILL) received by PID" line and the pid name it."""
-    killed = supervise.Ended(1, ["  traceback : Signal 15 (SIGTERM) received by PID 11",
+    killed = launcher.Ended(1, ["  traceback : Signal 15 (SIGTERM) received by PID 11",
                                  "  traceback : Signal 9 (SIGKILL) received by PID 12"],
                              ranks={11: 0, 12: 1})
-    assert str(supervise.failure(killed)) == \
+    assert str(launcher.failure(killed)) == \
         "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 12"
     write_error_file(tmp_path, 0, RuntimeError("[/x/pair.cc:589] Connection closed by peer: "
                                                "timed out"), monkeypatch)
     write_error_file(tmp_path, 1, ZeroDivisionError("division by zero"), monkeypatch)
-    crashed = supervise.Ended(1, ["[rank0]: RuntimeError: noise"] + ["busy"] * 100,
+    crashed = launcher.Ended(1, ["[rank0]: RuntimeError: noise"] + ["busy"] * 100,
                               log_dir=str(tmp_path))
-    error = supervise.failure(crashed)     # rank 0 only waited for rank 1: its timeout is second
-    assert type(error) is supervise.LaunchError
+    error = launcher.failure(crashed)     # rank 0 only waited for rank 1: its timeout is second
+    assert type(error) is launcher.LaunchError
     assert str(error) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    ours = supervise.Ended(1, killed.lines, ranks={12: 1}, stopped={12}, log_dir=str(tmp_path))
-    assert str(supervise.failure(ours)) == str(error)     # a kill of ours is not the cause
+    ours = launcher.Ended(1, killed.lines, ranks={12: 1}, stopped={12}, log_dir=str(tmp_path))
+    assert str(launcher.failure(ours)) == str(error)     # a kill of ours is not the cause
     told = tmp_path / "told"
-    write_error_file(told, 0, supervise.RankInputError("batch size 30 does not split evenly"),
+    write_error_file(told, 0, ddp.RankInputError("batch size 30 does not split evenly"),
                      monkeypatch)
-    error = supervise.failure(supervise.Ended(1, [], log_dir=str(told)))
-    assert type(error) is supervise.RankInputError
+    error = launcher.failure(launcher.Ended(1, [], log_dir=str(told)))
+    assert type(error) is ddp.RankInputError
     assert str(error) == "DDP rank 0 failed: batch size 30 does not split evenly"
-    nothing = supervise.Ended(1, ["torchrun: error: bad flag", ""], log_dir=str(tmp_path / "no"))
-    assert str(supervise.failure(nothing)) == \
+    nothing = launcher.Ended(1, ["torchrun: error: bad flag", ""], log_dir=str(tmp_path / "no"))
+    assert str(launcher.failure(nothing)) == \
         "DDP job failed (torchrun exit code 1): torchrun: error: bad flag"
 
 
@@ -239,7 +242,7 @@ def test_truncated_checkpoint_is_refused(tmp_path, capsys):
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):
         ddp.load_checkpoint(tmp_path, config, 2)
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):   # before any start
-        ddp.launch(config, 2, checkpoint=tmp_path, resume=True)
+        launcher.launch(config, 2, checkpoint=tmp_path, resume=True)
     code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke",
                  "--width", "4", "--train-limit", "400", "--test-limit", "100",
                  "--data-source", source(), "--checkpoint", str(tmp_path), "--resume"])

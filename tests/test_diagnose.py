@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mgpu_lib import diagnose
-from mgpu_lib.diagnose import Facts, causes, parse_topo, report, unchecked
+from mgpu_lib.lab import diagnose
+from mgpu_lib.lab.diagnose import Facts, causes, parse_topo, report, unchecked
 
 TWO_4090 = ("NVIDIA GeForce RTX 4090",) * 2
 HEALTHY = Facts(devices=("Tesla V100-SXM2-16GB",) * 2, peer={(0, 1): True},
@@ -106,7 +106,7 @@ def test_replicate_is_timed_by_torch_benchmark_with_every_device_synchronized(mo
     """`replicate` itself needs CUDA; here it is a stand-in that takes 10 ms, and every clock
     reading synchronizes the devices it was given."""
     import time
-    from mgpu_lib import dataparallel
+    from mgpu_lib.lab import anatomy as dataparallel
     calls, synced = [], []
     monkeypatch.setattr(dataparallel, "replicate", lambda net, devices: (calls.append(1),
                                                                           time.sleep(0.01)))
@@ -123,7 +123,7 @@ def test_the_chapters_loader_alone_is_timed():
 
 
 def test_a_batch_curve_has_one_row_per_batch_and_steps_in_proportion():
-    from mgpu_lib.bench import batch_curve
+    from mgpu_lib.lab.bench import batch_curve
     rows = batch_curve([8, 16], width=4, steps=1, repeats=1, warmup_steps=1, device="cpu")
     assert [r["batch"] for r in rows] == [8, 16]
     for r in rows:

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from mgpu_lib import evidence, published
-from mgpu_lib.published import PublishedRun
-from mgpu_lib.scaling import DEVICES, Overheads
+from mgpu_lib.perf import evidence, published
+from mgpu_lib.perf.published import PublishedRun
+from mgpu_lib.perf.scaling import DEVICES, Overheads
 
 V100, G4090 = DEVICES["V100 SXM2"], DEVICES["RTX 4090"]
 
@@ -104,8 +104,8 @@ def test_published_rows_say_where_they_come_from_and_guess_nothing():
 
 def test_check_on_runs_predicts_each_batch_without_seeing_it():
     from types import SimpleNamespace
-    from mgpu_lib.evidence import check_on_runs
-    from mgpu_lib.scaling import GLOO_LOOPBACK, RESNET18
+    from mgpu_lib.perf.evidence import check_on_runs
+    from mgpu_lib.perf.scaling import GLOO_LOOPBACK, RESNET18
 
     def run(batch, status="ok"):           # 0.01 s a step plus 1 ms an image: a straight line
         steps = 6000 // batch

@@ -6,16 +6,19 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib import accuracy, bench, results, switches as sw_mod
-from mgpu_lib.__main__ import main
+from mgpu_lib.book import accuracy
+from mgpu_lib.lab import bench
+from mgpu_lib.book import store as results
+from mgpu_lib import config as sw_mod
+from mgpu_lib.book.cli import main
 from mgpu_lib.chapter import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.devices import cpu_bf16_support
-from mgpu_lib.plots import plot_accuracy_pairs
-from mgpu_lib.sweep import Record
-from mgpu_lib.switches import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
+from mgpu_lib.book.plots import plot_accuracy_pairs
+from mgpu_lib.book.sweep import Record
+from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
                                prepare_model, resolve_switches)
-from mgpu_lib.train import TrainConfig, make_model, make_step, train
+from mgpu_lib.training import TrainConfig, make_model, make_step, train
 
 
 @pytest.fixture(scope="module")

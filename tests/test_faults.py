@@ -14,9 +14,12 @@ import pytest
 import torch
 import torch.distributed
 
-from mgpu_lib import ddp, supervise, sweep
-from mgpu_lib.__main__ import main
-from mgpu_lib.train import TrainConfig, TrainResult, make_model
+from mgpu_lib.book.store import load_result
+from mgpu_lib import ddp
+from mgpu_lib.lab import launcher
+from mgpu_lib.book import sweep
+from mgpu_lib.book.cli import main
+from mgpu_lib.training import TrainConfig, TrainResult, make_model
 
 from ddp_helpers import (HOOKS, alive, rank_pid, source, tiny, wait_for, workers,
                          write_error_file)
@@ -36,7 +39,7 @@ def no_job(monkeypatch):
     """Fail the test if `launch` gets as far as starting torchrun."""
     def started(*args, **kw):
         raise AssertionError("a DDP job was started")
-    monkeypatch.setattr(ddp, "supervise", started)
+    monkeypatch.setattr(launcher, "supervise", started)
 
 
 def _checkpoint(folder: Path, config: TrainConfig, epochs: int) -> Path:
@@ -63,7 +66,7 @@ def test_ddp_divergence_exits_3_with_its_result(tmp_path, capsys):
     code = main(ddp_train("--epochs", "1", "--lr", "50", "--out", str(out)))
     printed = capsys.readouterr()
     assert code == 3, printed.err
-    assert TrainResult.load(out).status == "diverged"
+    assert load_result(out).status == "diverged"
     assert printed.out.count("diverged after 1 epoch") == 1      # the summary, once
 
 
@@ -85,7 +88,7 @@ def test_sweep_stores_a_failed_ddp_point_and_goes_on(tmp_path, monkeypatch):
     def fake_launch(config, nprocs):
         calls.append(config.seed)
         if config.seed == 0:
-            raise supervise.LaunchError("DDP rank 1 failed: Signal 9 (SIGKILL)")
+            raise launcher.LaunchError("DDP rank 1 failed: Signal 9 (SIGKILL)")
         return TrainResult(config=config.to_dict(), hardware="fake", num_devices=nprocs,
                            data_source="synthetic", steps_per_epoch=1, test_acc=[0.5],
                            train_loss=[1.0], train_acc=[0.4], epoch_seconds=[1.0],
@@ -126,8 +129,8 @@ def test_a_dotted_exception_is_named_with_its_rank(tmp_path, monkeypatch, error,
     """Before: "DDP rank 0 failed: exit code 1" (the pattern missed dotted names). Now the
     rank's torchelastic error file names the exception, however long the output after it."""
     write_error_file(tmp_path, 1, error, monkeypatch)
-    ended = supervise.Ended(1, [f"[rank0]: busy {i}" for i in range(100)], log_dir=str(tmp_path))
-    assert str(supervise.failure(ended)) == f"DDP rank 1 failed: {name}: {error}"
+    ended = launcher.Ended(1, [f"[rank0]: busy {i}" for i in range(100)], log_dir=str(tmp_path))
+    assert str(launcher.failure(ended)) == f"DDP rank 1 failed: {name}: {error}"
 
 
 @pytest.mark.slow
@@ -138,8 +141,8 @@ def test_a_worker_raising_a_dotted_exception_is_named(monkeypatch, name, error):
         [str(HOOKS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     monkeypatch.setenv("MGPU_TEST_RAISE", f"{name}: {error}")
     monkeypatch.setenv("MGPU_TEST_RANK", "1")
-    with pytest.raises(supervise.LaunchError) as failed:
-        ddp.launch(tiny(), 2, timeout_s=120)
+    with pytest.raises(launcher.LaunchError) as failed:
+        launcher.launch(tiny(), 2, timeout_s=120)
     assert str(failed.value).startswith(f"DDP rank 1 failed: {name}: {error}"), failed.value
 
 
@@ -161,9 +164,9 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout():
 
     def job():
         try:
-            ddp.launch(tiny(num_epochs=3), 2, collective_timeout_s=10, timeout_s=120,
+            launcher.launch(tiny(num_epochs=3), 2, collective_timeout_s=10, timeout_s=120,
                        log=lambda line: line.startswith("epoch 1/") and started.set())
-        except supervise.LaunchError as e:
+        except launcher.LaunchError as e:
             failure["error"] = str(e)
         failure["at"] = time.monotonic()
         started.set()                   # never wait on a job that already ended
@@ -254,7 +257,7 @@ def test_checkpoint_without_resume_refuses_to_overwrite(tmp_path, capsys, no_job
     path = _checkpoint(tmp_path, tiny(width=8), 1)
     before = path.read_bytes()
     with pytest.raises(ddp.CheckpointError, match="use --resume to continue it, or another"):
-        ddp.launch(tiny(), 2, checkpoint=tmp_path)
+        launcher.launch(tiny(), 2, checkpoint=tmp_path)
     assert main(ddp_train("--checkpoint", str(tmp_path))) == 2
     err = capsys.readouterr().err
     assert _one_line(err) and "--resume" in err and str(path) in err, err
@@ -330,5 +333,5 @@ def test_an_error_file_with_a_null_timestamp_is_still_read(tmp_path):
     path = tmp_path / "error.json"
     path.write_text(json.dumps({"message": {"message": "ValueError: bad batch",
                                             "extraInfo": {"timestamp": None}}}))
-    err = supervise.read_error_file(path, 1)
+    err = launcher.read_error_file(path, 1)
     assert (err.rank, err.name, err.text, err.timestamp) == (1, "ValueError", "bad batch", 0)

@@ -165,12 +165,12 @@ def test_without_out_the_records_never_go_into_the_package(tmp_path, monkeypatch
 
 
 def test_the_tool_and_the_pages_share_one_predictor():
-    """No sys.path edits, no wall of noqa, and the step time comes from mgpu_lib.runtime."""
+    """No sys.path edits, no wall of noqa, and the step time comes from mgpu_lib.perf.runtime."""
     text = SCRIPT.read_text()
     assert "sys.path" not in text and text.count("noqa") <= 1
     tool = load_tool()
-    from mgpu_lib import runtime
-    from mgpu_lib.scaling import DEVICES
+    from mgpu_lib.perf import runtime
+    from mgpu_lib.perf.scaling import DEVICES
     check = tool.make_check(tool.parse_args(["--profile", "smoke", "--spec", "T4"]))
     assert isinstance(check.speed, runtime.StepModel)
     assert check.speed.step_s(256) == pytest.approx(

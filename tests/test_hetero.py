@@ -13,10 +13,10 @@ from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, default_setup, forward_backward,
                              measure_sync, measure_throughput, split_curve, train_hetero)
 from mgpu_lib.model import init_weights, resnet18
-from mgpu_lib.pipeline import augment_batch, data_loader, prefetch
+from mgpu_lib.lab.pipeline import augment_batch, data_loader, prefetch
 from mgpu_lib.split import (best_split, predict_hetero_step, shard_grid, split_sizes,
                              worth_it)
-from mgpu_lib.train import TrainConfig
+from mgpu_lib.training import TrainConfig
 
 
 # ---- split_sizes --------------------------------------------------------------------------

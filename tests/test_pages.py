@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu_lib import pages
+from mgpu_lib.book import pages
 from mgpu_lib.chapter import model_differences
-from mgpu_lib.pages import (PAGES, budget_s, ddp_process_counts, ex1_plan, expected_line,
+from mgpu_lib.book.pages import (PAGES, budget_s, ddp_process_counts, ex1_plan, expected_line,
                             page_jobs, predict, prediction_rows, setup_page, span)
-from mgpu_lib.profiles import get_profile
+from mgpu_lib.book.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL, CPU, SMOKE = (get_profile(n) for n in ("full", "cpu", "smoke"))
@@ -160,9 +160,9 @@ def test_gpu_predictions_carry_the_fitted_band_and_use_every_gpu(monkeypatch):
 def test_a_multi_gpu_band_spans_all_four_corners_of_the_fit():
     """Before: only (high mfu, high thread_s) and (low, low) were tried, so on 2 GPUs the
     fastest corner (high mfu, no DataParallel Python) and the slowest were missed."""
-    from mgpu_lib.evidence import published_fit
-    from mgpu_lib.runtime import Job, gpu_band, gpu_seconds
-    from mgpu_lib.scaling import DEVICES
+    from mgpu_lib.perf.evidence import published_fit
+    from mgpu_lib.perf.runtime import Job, gpu_band, gpu_seconds
+    from mgpu_lib.perf.scaling import DEVICES
     jobs, v100, f = [Job("x", 1, 64, 256, 2, 60000, 10000, devices=2)], DEVICES["V100 SXM2"], \
         published_fit()
     corners = [gpu_seconds(jobs, v100, f.overheads(v100, c, t)) for c in (0, 2) for t in (0, 2)]

@@ -15,8 +15,9 @@ import torch
 import torch._dynamo  # noqa: F401  (imported before MPS is mocked: it wraps mps.is_available)
 from torch import nn
 
-from mgpu_lib import ddp, devices, supervise, switches
-from mgpu_lib.pages import setup_page
+from mgpu_lib import config as switches, ddp, devices
+from mgpu_lib.lab import launcher
+from mgpu_lib.book.pages import setup_page
 
 from ddp_helpers import alive, tiny, wait_for
 
@@ -66,15 +67,16 @@ def _run(code: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_every_module_imports_and_a_page_sets_up_and_trains_without_linux():
-    """Before: `import mgpu_lib.pages` raised ModuleNotFoundError: fcntl (results.py)."""
+    """Before: `import mgpu_lib.book.pages` raised ModuleNotFoundError: fcntl (results.py)."""
     run = _run("""
         import importlib, pkgutil, mgpu_lib
-        names = [m.name for m in pkgutil.iter_modules(mgpu_lib.__path__) if m.name != "__main__"]
+        names = [m.name for m in pkgutil.walk_packages(mgpu_lib.__path__, "mgpu_lib.")
+                 if not m.name.endswith("__main__")]
         for name in names:
-            importlib.import_module("mgpu_lib." + name)
-        from mgpu_lib.pages import setup_page
+            importlib.import_module(name)
+        from mgpu_lib.book.pages import setup_page
         profile, lines = setup_page("01_network")
-        from mgpu_lib.__main__ import main
+        from mgpu_lib.book.cli import main
         code = main(["train", "--profile", "smoke", "--epochs", "1", "--width", "4",
                      "--data-source", "synthetic"])
         print("modules", len(names), "profile", profile.name, "train", code)
@@ -105,10 +107,10 @@ def test_torchrun_starts_without_preexec_fn_on_windows(monkeypatch):
         kw.pop("creationflags", None)
         return real(*args, **kw)
 
-    monkeypatch.setattr(supervise, "os", _Windows())      # supervise's view only: pytest's
+    monkeypatch.setattr(launcher, "os", _Windows())      # supervise's view only: pytest's
     monkeypatch.setattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x200, raising=False)
     monkeypatch.setattr(subprocess, "Popen", windows_popen)
-    ended = supervise.supervise([sys.executable, "-c", "print('rank 0: hello')"],
+    ended = launcher.supervise([sys.executable, "-c", "print('rank 0: hello')"],
                                 dict(os.environ), 60, log=seen.setdefault("log", []).append)
     assert ended.code == 0 and seen["log"] == ["hello"]
     assert seen["creationflags"] == 0x200 and not seen.get("start_new_session")
@@ -135,7 +137,7 @@ def test_a_stopped_ddp_job_leaves_nothing_behind_without_proc(tmp_path):
                 os.kill(seen[-1], signal.SIGSTOP)  # a hung rank: it cannot exit by itself
                 _thread.interrupt_main()          # Ctrl-C while the job runs
         try:
-            ddp.launch(tiny(num_epochs=50), 2, timeout_s=240, log=log)
+            launcher.launch(tiny(num_epochs=50), 2, timeout_s=240, log=log)
         except KeyboardInterrupt:       # which workers outlived the stop (none should)
             print(json.dumps([p for p in seen if psutil.pid_exists(p) and
                               psutil.Process(p).status() != psutil.STATUS_ZOMBIE]), flush=True)
@@ -158,14 +160,14 @@ def test_stop_terminates_the_tree_then_kills_what_ignores_it():
                 "print('ready', flush=True); time.sleep(600)")
     parent = ("import subprocess, sys, time; "
               f"subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", parent], **supervise.popen_options())
+    proc = subprocess.Popen([sys.executable, "-c", parent], **launcher.popen_options())
     try:
-        assert wait_for(lambda: len(supervise.tree(proc.pid)) == 1, 30)
-        child = supervise.tree(proc.pid)[0]
-        supervise.stop(proc)
+        assert wait_for(lambda: len(launcher.tree(proc.pid)) == 1, 30)
+        child = launcher.tree(proc.pid)[0]
+        launcher.stop(proc)
         assert proc.poll() is not None and not alive(child.pid)
     finally:
-        supervise.stop_all(supervise.tree(proc.pid) + [psutil.Process(proc.pid)]
+        launcher.stop_all(launcher.tree(proc.pid) + [psutil.Process(proc.pid)]
                            if alive(proc.pid) else [], grace_s=1)
 
 
@@ -173,9 +175,9 @@ def test_stop_terminates_the_tree_then_kills_what_ignores_it():
 def test_on_linux_torchrun_dies_with_its_parent():
     """A notebook kernel killed outright (SIGKILL) takes the job with it: the child got
     SIGTERM from the kernel through `prctl` (before: the same, through "libc.so.6" by name)."""
-    child = ("import subprocess, sys, time; from mgpu_lib import supervise; "
+    child = ("import subprocess, sys, time; from mgpu_lib.lab import launcher; "
              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-             "**supervise.popen_options()); print(p.pid, flush=True); time.sleep(600)")
+             "**launcher.popen_options()); print(p.pid, flush=True); time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
     grandchild = int(parent.stdout.readline())
     try:
@@ -218,7 +220,7 @@ def test_apple_silicon_dataparallel_passes_through_and_ddp_uses_gloo_on_the_cpu(
     # DDP beside MPS: gloo processes on the CPU ("virtual devices"); MPS stays unused
     assert ddp.choose_backend("auto") == "gloo"
     with pytest.raises(devices.DeviceError, match="nccl processes need 2 GPUs"):
-        ddp.launch(tiny(), 2, backend="nccl")
+        launcher.launch(tiny(), 2, backend="nccl")
 
 
 def test_apple_silicon_readers_see_mps_and_fp32_in_the_setup_banner(monkeypatch):

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu_lib import record, results
-from mgpu_lib.results import ResultsError
-from mgpu_lib.sweep import Record, load_store, record_from_result
-from mgpu_lib.train import TrainConfig, TrainResult
+from mgpu_lib import training as record
+from mgpu_lib.book import store as results
+from mgpu_lib.book.store import ResultsError
+from mgpu_lib.book.sweep import Record, load_store, record_from_result
+from mgpu_lib.training import TrainConfig, TrainResult
 
 ROOT = Path(__file__).resolve().parent.parent
 # FIFOs, device files, /dev and ENAMETOOLONG are POSIX; Windows has none of them.
@@ -52,7 +53,7 @@ def test_every_shipped_record_carries_the_header(path):
     recs = results.read(path)
     assert recs
     for i, rec in enumerate(recs, 1):
-        record.check_header(rec, f"{path.name}: record {i}")
+        results.check_header(rec, f"{path.name}: record {i}")
         if rec.get("kind") == "bench":
             assert rec["profile"] is None and rec["config"]["width"] == rec["width"]
         else:
@@ -68,22 +69,22 @@ def test_a_new_result_carries_the_whole_header_and_a_sweep_record_keeps_it():
     result = TrainResult.create(config, hardware="CPU", num_devices=1, data_source="synthetic",
                                 steps_per_epoch=2)
     d = result.to_dict()
-    record.check_header(d, "a new result")
+    results.check_header(d, "a new result")
     assert d["torch"] == torch.__version__ and d["profile"] == "smoke"
     assert d["mgpu_lib"] == metadata.version("mgpu_lib")
     assert TrainResult.from_dict(json.loads(json.dumps(d))) == result
     rec = record_from_result(result, config, {}).to_dict()
-    record.check_header(rec, "its sweep record")
+    results.check_header(rec, "its sweep record")
     assert {k: rec[k] for k in record.HEADER} == {k: d[k] for k in record.HEADER}
 
 
 def test_a_benchmark_carries_the_header(monkeypatch):
-    from mgpu_lib import bench
+    from mgpu_lib.lab import bench
     fake = {name: {"switches": {"bf16": False}, "median": 10.0} for name in ("reference", "fast")}
     monkeypatch.setattr(bench, "measure", lambda modes, **kw: {k: dict(v)
                                                               for k, v in fake.items()})
     out = bench.bench(width=4, device="cpu")
-    record.check_header(out, "bench")
+    results.check_header(out, "bench")
     assert out["profile"] is None and out["config"]["width"] == 4
 
 
@@ -103,7 +104,7 @@ def test_old_records_read_as_schema_1_with_unknown_versions():
     old = Record.from_dict(run_record())
     assert old.schema == record.LEGACY_SCHEMA and old.torch is None
     with pytest.raises(ResultsError, match="no schema"):
-        record.check_header(run_record(), "old")
+        results.check_header(run_record(), "old")
 
 
 @pytest.mark.parametrize("status,epochs", [("ok", 0), ("ok", 2), ("diverged", 2),
@@ -132,9 +133,10 @@ import sys, pkgutil, importlib, warnings
 sys.modules["fcntl"] = None
 warnings.simplefilter("ignore")
 import mgpu_lib
-for m in pkgutil.iter_modules(mgpu_lib.__path__):
-    importlib.import_module("mgpu_lib." + m.name)
-from mgpu_lib import results
+for m in pkgutil.walk_packages(mgpu_lib.__path__, "mgpu_lib."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+from mgpu_lib.book import store as results
 results.append({str(tmp_path / 's.jsonl')!r}, {{"a": 1}})
 results.append({str(tmp_path / 's.jsonl')!r}, {{"a": 2}})
 assert [r["a"] for r in results.read({str(tmp_path / 's.jsonl')!r})] == [1, 2]
@@ -270,7 +272,7 @@ def test_a_broken_record_is_one_line_not_a_key_error(tmp_path, change):
     with pytest.raises(ResultsError, match="record 1") as e:
         load_store(store)
     one_line(e)
-    with pytest.raises(ResultsError):
+    with pytest.raises(ValueError, match="not a train result"):
         TrainResult.from_dict({"config": change.get("config", {}), "hardware": "x"})
 
 
@@ -297,7 +299,7 @@ def test_a_device_is_refused_as_a_store_up_front(device):
 
 
 def test_a_sweep_refuses_a_device_store_before_training(null_device):
-    from mgpu_lib import sweep
+    from mgpu_lib.book import sweep
 
     def never(*a, **k):
         raise AssertionError("trained")

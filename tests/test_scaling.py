@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from mgpu_lib.evidence import (Calibration, calibrate, calibrated_overheads, cpu_spec,
+from mgpu_lib.perf.evidence import (Calibration, calibrate, calibrated_overheads, cpu_spec,
                                leave_one_out)
-from mgpu_lib.runtime import StepModel, step_seconds, workload
-from mgpu_lib.scaling import (DEVICES, LINKS, RESNET18, LinkSpec, Overheads, allreduce_bytes,
+from mgpu_lib.perf.runtime import StepModel, step_seconds, workload
+from mgpu_lib.perf.scaling import (DEVICES, LINKS, RESNET18, LinkSpec, Overheads, allreduce_bytes,
                               dp_python_s, loader_rate, predict_epoch_time, predict_step_time,
                               ring_allreduce_s, scaling_efficiency, scaling_table, spec_for_name)
 
@@ -239,13 +239,15 @@ def test_a_step_model_follows_the_datasheet_then_a_measured_step_then_a_measured
 
 
 def test_a_cpu_before_it_is_measured_is_the_slowest_recorded_one_scaled_by_flops_and_threads():
-    from mgpu_lib.runtime import RECORDED_THREADS, cpu_rates, recorded_cpu
-    from mgpu_lib.results import read, recorded
+    from mgpu_lib.book.pages import recorded_cpu_rates
+    from mgpu_lib.perf.runtime import RECORDED_THREADS, recorded_cpu
+    from mgpu_lib.book.store import read, recorded
     assert all(f"torch uses {RECORDED_THREADS})" in r["hardware"]
                for r in read(recorded("bench_cpu.jsonl")))
-    slowest = min(r[16] for r in cpu_rates().values())
-    assert recorded_cpu(16).images_per_second == pytest.approx(
+    rates = recorded_cpu_rates()
+    slowest = min(r[16] for r in rates.values())
+    assert recorded_cpu(rates, 16).images_per_second == pytest.approx(
         slowest / workload(16).train_flops)
-    assert recorded_cpu(16, threads=8).images_per_second == pytest.approx(
-        4 * recorded_cpu(16).images_per_second)
-    assert recorded_cpu(16).step_s == 0.0
+    assert recorded_cpu(rates, 16, threads=8).images_per_second == pytest.approx(
+        4 * recorded_cpu(rates, 16).images_per_second)
+    assert recorded_cpu(rates, 16).step_s == 0.0

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu_lib import results
-from mgpu_lib.__main__ import main
+from mgpu_lib.book import store as results
+from mgpu_lib.book.cli import main
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
-from mgpu_lib.results import summarize
-from mgpu_lib.sweep import (expand, linear_scaled_lr, load_store, point_key, sweep, train_warmup,
+from mgpu_lib.book.store import summarize
+from mgpu_lib.book.sweep import (expand, linear_scaled_lr, load_store, point_key, sweep, train_warmup,
                             warmup_lr, warmup_sgd)
-from mgpu_lib.train import TrainConfig, TrainResult, train
+from mgpu_lib.training import TrainConfig, TrainResult, train
 
 BASE = TrainConfig(batch_size=32, lr=0.1, num_epochs=2, width=4, train_limit=256, test_limit=64,
                    data_source="synthetic", allow_synthetic=True, profile="test")
@@ -259,7 +259,7 @@ SWEEP_ONE = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from mgpu_lib.sweep import load_store, sweep
+from mgpu_lib.book.sweep import load_store, sweep
 from test_sweep import BASE, FakeTrain
 
 class Lockstep(FakeTrain):

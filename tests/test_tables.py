@@ -1,8 +1,8 @@
-"""mgpu_lib.tables: three significant figures, "diverged" for a point with no mean, constant
+"""mgpu_lib.book.tables: three significant figures, "diverged" for a point with no mean, constant
 columns into the caption, and the caption after the table (the book numbers it from there)."""
 import math
 
-from mgpu_lib.tables import Table, fmt, mean_std
+from mgpu_lib.book.tables import Table, fmt, mean_std
 
 
 def test_three_significant_figures_and_counts():
@@ -37,7 +37,7 @@ def test_markdown_puts_the_caption_after_the_table_in_italics():
 
 def test_a_table_from_synthetic_runs_says_so_in_its_caption():
     from types import SimpleNamespace
-    from mgpu_lib.style import SYNTHETIC
+    from mgpu_lib.book.style import SYNTHETIC
     real, fake = SimpleNamespace(data_source="local"), SimpleNamespace(data_source="synthetic")
     assert SYNTHETIC not in Table(["a"], [[1]], caption="c", records=[real]).caption
     assert Table(["a"], [[1]], caption="c", records=[real, fake]).caption == f"c; {SYNTHETIC}"
@@ -47,8 +47,8 @@ def test_a_figure_from_synthetic_runs_says_so_on_the_axes():
     import matplotlib
     matplotlib.use("Agg")
     from types import SimpleNamespace
-    from mgpu_lib.plots import plot_curves
-    from mgpu_lib.style import SYNTHETIC
+    from mgpu_lib.book.plots import plot_curves
+    from mgpu_lib.book.style import SYNTHETIC
     run = lambda src: SimpleNamespace(test_acc=[0.5, 0.6], data_source=src)
     texts = lambda ax: [t.get_text() for t in ax.texts]
     assert SYNTHETIC not in texts(plot_curves([run("local")], ["a"]))

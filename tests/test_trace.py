@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib import trace as trace_mod
+from mgpu_lib.lab import trace as trace_mod
 from mgpu_lib.devices import DeviceError, num_gpus
-from mgpu_lib.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
+from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
                              mean_overlap, measure_overlap, overlap_rows, read_trace,
                              save_events)
 from mgpu_lib.model import resnet18
-from mgpu_lib.profiles import get_profile
-from mgpu_lib.timeline import draw_overlap, draw_timelines
-from mgpu_lib.trace import summary_lines
-from mgpu_lib.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace_ddp
-from mgpu_lib.train import TrainConfig
+from mgpu_lib.book.profiles import get_profile
+from mgpu_lib.book.timeline import draw_overlap, draw_timelines
+from mgpu_lib.lab.trace import summary_lines
+from mgpu_lib.lab.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace_ddp
+from mgpu_lib.training import TrainConfig
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", **args):
@@ -204,7 +204,7 @@ def test_dataparallel_trace_needs_two_gpus():
     (["--nprocs", "3", "--profile", "smoke"], "does not split evenly"),
     (["--bucket-cap-mb", "0"], "--bucket-cap-mb")])
 def test_cli_refuses_bad_input_in_one_line(argv, words, tmp_path, capsys):
-    from mgpu_lib.__main__ import main
+    from mgpu_lib.book.cli import main
     try:
         code = main(["trace", "--out", str(tmp_path), *argv])
     except SystemExit as e:         # argparse's refusals
@@ -221,7 +221,7 @@ SMALL_MB = 0.1     # at width 8 (0.7 MB of gradients) several buckets
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace")
-    config = TrainConfig.from_profile(get_profile("smoke"))
+    config = get_profile("smoke").config()
     variants = [Variant("small", SMALL_MB), Variant("one", ONE_BUCKET_MB),
                 Variant("no_sync", ONE_BUCKET_MB, accumulate=2)]
     return out, trace_ddp(config, 2, variants, out=out, timeout_s=600)

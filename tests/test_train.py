@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from mgpu_lib.__main__ import main
-from mgpu_lib.profiles import PROFILES, active_profile, get_profile
-from mgpu_lib.train import TrainConfig, TrainResult, train
+from mgpu_lib.book.store import load_result, save_result
+from mgpu_lib.book.cli import main
+from mgpu_lib.book.profiles import PROFILES, active_profile, get_profile
+from mgpu_lib.training import TrainConfig, TrainResult, train
 
 # Chance is 0.10 on ten balanced classes. The smoke profile at 4,000 images (width 8, 3 epochs)
 # measured 0.74 test accuracy on the offline copy (seed 0); at its 2,000 it passes this bar,
@@ -14,7 +15,7 @@ SMOKE_ACC_BAR = 0.5
 
 @pytest.mark.slow
 def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
-    config = TrainConfig.from_profile(get_profile("smoke"), data_source="local")
+    config = get_profile("smoke").config(data_source="local")
     result = train(config, progress=False)
     assert result.status == "ok" and result.data_source == "local"
     assert len(result.test_acc) == config.num_epochs == len(result.epoch_seconds)
@@ -26,7 +27,7 @@ def test_smoke_training_learns_real_fashion_mnist(fashion_dir):
 
 @pytest.mark.slow
 def test_same_seed_same_run_and_a_fresh_model_each_call():
-    config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
+    config = get_profile("smoke").config(data_source="synthetic",
                                       train_limit=256, test_limit=100, num_epochs=1)
     a, b = train(config, progress=False), train(config, progress=False)
     assert a.train_loss == b.train_loss and a.test_acc == b.test_acc
@@ -34,7 +35,7 @@ def test_same_seed_same_run_and_a_fresh_model_each_call():
 
 @pytest.mark.slow
 def test_diverging_lr_is_recorded_not_raised():
-    config = TrainConfig.from_profile(get_profile("smoke"), data_source="synthetic",
+    config = get_profile("smoke").config(data_source="synthetic",
                                       train_limit=512, test_limit=100, num_epochs=2, lr=50.0)
     result = train(config, progress=False)
     assert result.status == "diverged"
@@ -45,8 +46,8 @@ def test_result_roundtrip(tmp_path):
     r = TrainResult(config=TrainConfig().to_dict(), hardware="CPU", num_devices=1,
                     data_source="local", steps_per_epoch=3, test_acc=[0.5], train_loss=[1.0],
                     train_acc=[0.4], epoch_seconds=[2.0], images_per_second=[10.0])
-    r.save(tmp_path / "r.json")
-    assert TrainResult.load(tmp_path / "r.json") == r
+    save_result(r, tmp_path / "r.json")
+    assert load_result(tmp_path / "r.json") == r
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]    # no temporary file left
 
 

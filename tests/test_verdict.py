@@ -1,10 +1,10 @@
-"""The verdict rule, branch by branch, on constructed data (mgpu_lib.verdict)."""
+"""The verdict rule, branch by branch, on constructed data (mgpu_lib.book.verdict)."""
 import math
 from types import SimpleNamespace
 
 import pytest
 
-from mgpu_lib.verdict import APART, Z, by_seed, compare, decide, paired, unpaired
+from mgpu_lib.book.verdict import APART, Z, by_seed, compare, decide, paired, unpaired
 
 NAMES = ("A", "B")
 
@@ -102,7 +102,7 @@ def test_by_seed_keeps_finished_records_only():
 
 def test_glue_stores_plain_python_values_and_verdict_sentences(monkeypatch):
     import numpy as np
-    from mgpu_lib import verdict
+    from mgpu_lib.book import verdict
     stored = {}
     monkeypatch.setattr(verdict, "_myst_glue",
                         lambda name, value, display: stored.update({name: (value, display)}))
@@ -114,7 +114,7 @@ def test_glue_stores_plain_python_values_and_verdict_sentences(monkeypatch):
 
 
 def test_glue_without_myst_nb_does_nothing(monkeypatch):
-    from mgpu_lib import verdict
+    from mgpu_lib.book import verdict
     monkeypatch.setattr(verdict, "_myst_glue", None)
     verdict.glue("x", 1.0)
 

@@ -18,7 +18,7 @@ One function per rule, each ``(soup, page, build_root) -> list[str]``:
 - ``unnumbered_figures``: every ``<figure>`` / ``div.figure`` has a caption numbered "Fig. N".
   Plot images that a cell outputs without a figure directive are not figures; only their
   files are checked (by ``missing_images``);
-- ``unnumbered_tables``: every table a cell outputs (``mgpu_lib.tables.Table``) has a caption
+- ``unnumbered_tables``: every table a cell outputs (``mgpu_lib.book.tables.Table``) has a caption
   numbered "Table N" (the book's ``_ext/numbering.py`` makes one from the Table's caption).
 
 Pages are those of the table of contents: the ones Sphinx copied a source for into

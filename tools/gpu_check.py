@@ -10,7 +10,7 @@ Stages, in order of value: facts, the overheads the step-time model fits to publ
 loader alone), the CUDA unit tests (tests/test_cuda.py), one run at the profile's settings (the
 chapter's under `full`), bench, calibration, exercise 2 (CPU+GPU split) and exercise 1 (sweeps,
 while time is left). Each stage first predicts its own time (the library's run-time predictor,
-`mgpu_lib.runtime`, the one the pages use, then what earlier stages measured) and skips itself
+`mgpu_lib.perf.runtime`, the one the pages use, then what earlier stages measured) and skips itself
 when that would not fit in what is left of `--budget-s`, counted from the process's start. Each
 stage prints one line and appends one record to a JSON Lines file named after the device
 (default `runs/gpu_<device>.jsonl` in the working folder, never the package's shipped records);
@@ -43,26 +43,27 @@ import psutil
 import torch
 from torch import nn
 
-from mgpu_lib import results
-from mgpu_lib.bench import add_tflops, batch_curve, bench, measure, peak_tflops
-from mgpu_lib.dataparallel import replicate_seconds
+from mgpu_lib.book import store as results
+from mgpu_lib.lab.bench import add_tflops, batch_curve, bench, measure, peak_tflops
+from mgpu_lib.lab.anatomy import replicate_seconds
 from mgpu_lib.devices import cpu_name, describe_devices, timed
-from mgpu_lib.diagnose import chapter_loader_images_per_s, topology
-from mgpu_lib.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
+from mgpu_lib.lab.diagnose import chapter_loader_images_per_s, topology
+from mgpu_lib.perf.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
                                published_fit)
 from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
                              split_curve)
 from mgpu_lib.model import resnet18
-from mgpu_lib.profiles import PROFILES, Profile, active_profile, get_profile
-from mgpu_lib.record import header as record_header
-from mgpu_lib.results import ResultsError, append, check_writable
-from mgpu_lib.runtime import StepModel, recorded_cpu, workload
-from mgpu_lib.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
+from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
+from mgpu_lib.training import record_header
+from mgpu_lib.book.store import ResultsError, append, check_writable
+from mgpu_lib.book.pages import recorded_cpu_rates
+from mgpu_lib.perf.runtime import StepModel, recorded_cpu, workload
+from mgpu_lib.perf.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
                               spec_for_name)
 from mgpu_lib.split import best_split, shard_grid
-from mgpu_lib.switches import resolve_switches
-from mgpu_lib.sweep import load_store, point_key, record_from_result, sweep
-from mgpu_lib.train import TrainConfig, make_model, train
+from mgpu_lib.config import resolve_switches
+from mgpu_lib.book.sweep import load_store, point_key, record_from_result, sweep
+from mgpu_lib.training import TrainConfig, make_model, train
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE_NAMES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration",
@@ -149,7 +150,7 @@ def spec_for(device: torch.device, override: Optional[str], width: int
     if device.type == "cuda":
         spec = spec_for_name(torch.cuda.get_device_name(device))
         return (spec, True, None) if spec is not None else (DEVICES["T4"], False, None)
-    cal = recorded_cpu(width, torch.get_num_threads())
+    cal = recorded_cpu(recorded_cpu_rates(), width, torch.get_num_threads())
     spec = replace(cpu_spec(cal, "CPU, at the slowest recorded rate", workload(width)),
                    source="mgpu_lib/recorded/bench_cpu.jsonl, scaled to this CPU's threads")
     return spec, False, cal
@@ -350,7 +351,7 @@ def run_chapter_part(check: Check, config: TrainConfig) -> dict:
 
 
 def run_full(check: Check) -> tuple:
-    config = TrainConfig.from_profile(check.profile, devices=1)
+    config = check.profile.config(devices=1)
     result, fast = timed_run(config, check.device)
     store_sweep_point(check, result, config, fast["seconds"])
     if fast["epoch_seconds"]:    # later predictions follow what this GPU really did
@@ -514,7 +515,7 @@ def run_calibration(check: Check) -> tuple:
 def cpu_rate_guess(check: Check) -> float:
     """Images/s the host CPU trains at, before measuring: the slowest recorded CPU's, scaled to
     this one's cores."""
-    return recorded_cpu(check.profile.width, os.cpu_count() or 1).images_per_second
+    return recorded_cpu(recorded_cpu_rates(), check.profile.width, os.cpu_count() or 1).images_per_second
 
 
 def predict_exercise2(check: Check, left: float) -> float:
@@ -592,7 +593,7 @@ def sweep_plan(check: Check, left: float) -> list:
     """[(batch, lr, seed, predicted s, fits)], seed by seed, greedily in `left` seconds; a
     point already stored costs nothing."""
     plan, stored = [], stored_keys(check)
-    base = TrainConfig.from_profile(check.profile, devices=1)
+    base = check.profile.config(devices=1)
     for seed in check.profile.seeds:
         for b, lr in sweep_points(check.profile):
             key = point_key(base.replace(batch_size=b, lr=lr, seed=seed))
@@ -612,7 +613,7 @@ def predict_exercise1(check: Check, left: float) -> float:
 
 def run_exercise1(check: Check) -> tuple:
     store, runs = ex1_store(check), []
-    base = TrainConfig.from_profile(check.profile, devices=1)
+    base = check.profile.config(devices=1)
     for b, lr, seed, cost, _ in sweep_plan(check, check.left()):
         t = cost and predict_sweep_run(check, b)   # again: the clock and the model moved on
         run = dict(batch_size=b, lr=lr, seed=seed, predicted_s=t, stored_before=not cost)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mgpu_lib.profiles import get_profile       # noqa: E402
-from mgpu_lib.results import recorded           # noqa: E402
-from mgpu_lib.sweep import sweep                # noqa: E402
-from mgpu_lib.switches import BF16_FLAG         # noqa: E402
-from mgpu_lib.train import TrainConfig          # noqa: E402
+from mgpu_lib.book.profiles import get_profile       # noqa: E402
+from mgpu_lib.book.store import recorded           # noqa: E402
+from mgpu_lib.book.sweep import sweep                # noqa: E402
+from mgpu_lib.config import BF16_FLAG         # noqa: E402
+from mgpu_lib.training import TrainConfig          # noqa: E402
 
 
 def seed_list(text: str) -> list[int]:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.norm_fp32 and BF16_FLAG[args.bf16] is not True:
         p.error("--norm-fp32 applies to bf16: add --bf16 on")
-    base = TrainConfig.from_profile(get_profile(args.profile), bf16=BF16_FLAG[args.bf16],
+    base = get_profile(args.profile).config(bf16=BF16_FLAG[args.bf16],
                                     norm_fp32=args.norm_fp32)
     store = args.store or recorded(f"accuracy_{args.profile}.jsonl")
     sweep(base, {"fast": [False, True]}, seeds=args.seeds, store=store,

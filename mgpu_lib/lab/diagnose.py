@@ -18,11 +18,11 @@ from typing import Iterable, Optional
 
 import torch
 
-from .chapter import chapter_loader
-from .dataparallel import dp_breakdown
-from .evidence import published_fit
-from .model import resnet18
-from .scaling import RESNET18, dp_python_s
+from ..chapter import chapter_loader
+from .anatomy import dp_breakdown
+from ..perf.evidence import published_fit
+from ..model import resnet18
+from ..perf.scaling import RESNET18, dp_python_s
 
 SMALL_BATCH = 64        # images per device below which the fixed per-step costs dominate:
                         # the model's compute for 64 images on a V100 is ~4 ms, about DataParallel's

@@ -9,13 +9,13 @@ they belong to. `measure_overlap` compares the all-reduces with the backward pas
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .results import write_json_atomic
-from .scaling import Overheads
+from ..perf.scaling import Overheads
 
 # What each event is, from its name in the trace (gloo's and NCCL's names for the collectives).
 KIND_OF = [("allreduce", re.compile(r"^(gloo|nccl):all_reduce$")),
@@ -202,7 +202,10 @@ def measure_overlap(trace: RankTrace) -> Overlap:
 
 def save_events(run: TraceRun, path) -> Path:
     """`run` as one small JSON file (events, not the Chrome traces)."""
-    write_json_atomic(path, asdict(run))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(asdict(run)), encoding="utf-8")
+    os.replace(tmp, path)          # readers see the old file or the new one
     return Path(path)
 
 

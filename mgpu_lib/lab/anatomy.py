@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 
-from .devices import synchronize, timed
+from ..devices import synchronize, timed
 
 
 def _timed(fn, devices):

@@ -17,13 +17,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from .devices import num_gpus
+from ..devices import num_gpus
 from .pages import FULL_TEST, FULL_TRAIN, span
-from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, recorded_cpus
-from .scaling import spec_for_name
-from .settings import Check, flag_name, on_cli
+from .pages import recorded_cpu_rates
+from ..perf.runtime import Job, cpu_seconds, gpu_band, recorded_cpus
+from ..perf.scaling import spec_for_name
+from ..config import Check, flag_name, on_cli
 from .sweep import OPTIONS, count_points
-from .train import TrainConfig
+from ..training import TrainConfig
 
 # The settings that change a run's cost in the model; every other key only multiplies runs.
 SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
@@ -87,7 +88,7 @@ def predict_seconds(jobs: Sequence[Job]) -> Optional[tuple[float, float, str]]:
         if spec is None:
             return None
         return (*gpu_band(jobs, spec), spec.name)
-    rates = cpu_rates()
+    rates = recorded_cpu_rates()
     if not rates:
         return None
     times = [cpu_seconds(jobs, r) for r in rates.values()]

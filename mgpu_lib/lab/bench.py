@@ -17,14 +17,13 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, chapter_workers
-from .data import DeviceLoader, synthetic_fashion_mnist
-from .devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
-from .model import resnet18, train_flops
-from .record import header
-from .scaling import spec_for_name
-from .switches import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
-from .train import TrainConfig, cudnn_benchmark, make_model, make_step
+from ..chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, chapter_workers
+from ..data import DeviceLoader, synthetic_fashion_mnist
+from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
+from ..model import resnet18, train_flops
+from ..perf.scaling import spec_for_name
+from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
+from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
 
 
 def peak_tflops(device, bf16: bool) -> Optional[float]:

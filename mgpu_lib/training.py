@@ -15,26 +15,25 @@ worker processes, fp32, NCHW. Neither reads a value back to the host during an e
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
+import os
+import subprocess
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Optional, Union
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from .chapter import load_fashion_mnist_chapter
-from .data import SOURCES, load_fashion_mnist
+from .data import load_fashion_mnist
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
-from .profiles import Profile, active_profile
-from . import record
-from .results import ResultsError, write_json_atomic
-from .settings import (AUTO_FLAG, COUNT, FLAG, NAME, POSITIVE_INT, POSITIVE_NUMBER, SEED,
-                       one_of, setting, validate)
-from .switches import Switches, prepare_model, resolve_switches
+from .config import Switches, TrainConfig, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
 # the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
@@ -46,70 +45,79 @@ def diverged(loss: float) -> bool:
     return not math.isfinite(loss) or loss > DIVERGED_LOSS
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run, validated on construction. Each setting is declared once, here: its
-    default, check and help make its command-line flag and its `--vary` key too (`settings`)."""
-    devices: Optional[int] = setting(
-        None, POSITIVE_INT, "number of GPUs (default: all; the CPU where there is none)",
-        optional=True)
-    batch_size: int = setting(256, POSITIVE_INT, "global batch size (DataParallel splits it)")
-    lr: float = setting(0.1, POSITIVE_NUMBER, "learning rate")
-    num_epochs: int = setting(10, POSITIVE_INT, "number of epochs", flag="--epochs")
-    seed: int = setting(0, SEED, "seeds the weights and the data shuffle")
-    width: int = setting(64, POSITIVE_INT, "ResNet width (64 = the chapter's)")
-    train_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced training subset",
-                                         optional=True)
-    test_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced test subset",
-                                        optional=True)
-    data_source: str = setting("auto", one_of(*SOURCES), "where Fashion-MNIST comes from")
-    allow_synthetic: bool = setting(False, FLAG, "let 'auto' fall back to synthetic data")
-    profile: str = setting("custom", NAME, "the profile this config came from (recorded)",
-                           cli=False)            # --profile picks the whole profile instead
-    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches
-    # below; each switch is True, False, or "auto" (switches.resolve_switches decides per device).
-    fast: bool = setting(True, FLAG, "the fast path; off: the chapter's loop")
-    device_data: Union[bool, str] = setting(
-        "auto", AUTO_FLAG, "batches made on the device, no per-step sync")
-    channels_last: Union[bool, str] = setting("auto", AUTO_FLAG, "channels_last memory format")
-    bf16: Union[bool, str] = setting("auto", AUTO_FLAG,
-                                     "bf16 autocast; the weights stay fp32 (auto: GPUs with bf16)")
-    norm_fp32: bool = setting(False, FLAG, "under bf16: BatchNorm in fp32")
-    fp16: Union[bool, str] = setting("auto", AUTO_FLAG,
-                                     "CUDA: fp16 autocast + GradScaler (auto: T4, V100)")
-    cudnn_benchmark: Union[bool, str] = setting("auto", AUTO_FLAG, "cudnn.benchmark")
-    compile: Union[bool, str] = setting("auto", AUTO_FLAG,
-                                        "torch.compile (auto: off; compiling dominates)")
-    eval_batch_size: Optional[int] = setting(
-        None, POSITIVE_INT, "evaluation batch (default: 1024, at least the batch, when fast)",
-        optional=True)
-    num_workers: Optional[int] = setting(
-        None, COUNT, "the chapter loader's workers (default: 4, capped at the cores)",
-        optional=True)
 
-    def __post_init__(self):
-        validate(self)
+# ---- the record a run leaves -------------------------------------------------------------------
 
-    @classmethod
-    def from_profile(cls, profile: Optional[Profile] = None, **overrides) -> "TrainConfig":
-        """The profile's settings (default: the active one), with `overrides` on top."""
-        p = profile or active_profile()
-        base = dict(batch_size=p.batch_size, lr=p.lr, num_epochs=p.num_epochs, width=p.width,
-                    train_limit=p.train_limit, test_limit=p.test_limit,
-                    allow_synthetic=p.allow_synthetic, profile=p.name)
-        base.update(overrides)
-        return cls(**base)
+SCHEMA = 2           # of the header below; a record without the key is LEGACY_SCHEMA
+LEGACY_SCHEMA = 1
+HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
+# The per-epoch lists of a run, in the order they are filled.
+METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
+STATUSES = ("ok", "diverged", "failed")
 
-    def replace(self, **changes) -> "TrainConfig":
-        return replace(self, **changes)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+def _git(*args: str, cwd: Path) -> Optional[str]:
+    """A git command's output, or None if git is missing, slow or unhappy."""
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                             timeout=5, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict:
+    """{"mgpu_lib": version or None, "git": revision or None}, computed once per process.
+
+    The revision is read only where the package sits at the top of its own repository (a
+    clone, an editable install), never from some other repository it is installed inside.
+    """
+    try:
+        version = metadata.version("mgpu_lib")
+    except (metadata.PackageNotFoundError, ValueError):
+        version = None
+    root = Path(__file__).resolve().parent.parent
+    rev = None
+    if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
+        rev = _git("rev-parse", "--short=12", "HEAD", cwd=root)
+        changes = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
+        if rev and changes:
+            rev += "+dirty"
+    return {"mgpu_lib": version, "git": rev}
+
+
+def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
+    """The header every record starts with (a run, a sweep point, a benchmark), so any record
+    can say what produced it. None means unknown (a copy outside its git repository)."""
+    # str(): torch.__version__ is a TorchVersion, which a checkpoint's pickle refuses to load
+    return {"schema": SCHEMA, **code_version(), "torch": str(torch.__version__),
+            "hardware": hardware, "profile": profile, "config": dict(config)}
+
+
+def run_problem(d) -> Optional[str]:
+    """What keeps `d` from being a whole run (a config with its epochs and seed, every metric a
+    list of numbers, a known status), or None."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    config = d.get("config")
+    if not isinstance(config, dict) or not all(isinstance(config.get(k), int)
+                                               for k in ("num_epochs", "seed")):
+        return "its config has no whole num_epochs and seed"
+    for m in METRICS:
+        values = d.get(m)
+        if not isinstance(values, list) or not all(isinstance(v, (int, float))
+                                                   and not isinstance(v, bool) for v in values):
+            return f"metric {m} is missing or not a list of numbers"
+    if d.get("status", "ok") not in STATUSES:
+        return f"status {d.get('status')!r} is not one of {', '.join(STATUSES)}"
+    return None
 
 
 @dataclass
 class TrainResult:
-    """What a run measured, epoch by epoch. `status` is "ok" or "diverged"."""
+    """What a run measured, epoch by epoch: the one record type (a run, a sweep point).
+    `status` is "ok", "diverged", or "failed" (a DDP job that did not finish)."""
     config: dict
     hardware: str
     num_devices: int
@@ -122,9 +130,8 @@ class TrainResult:
     images_per_second: list = field(default_factory=list)
     status: str = "ok"
     extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
-    # The rest of the header (record.py); `create` fills it, a direct construction leaves the
-    # versions unknown.
-    schema: int = record.SCHEMA
+    # The rest of the header; `create` fills it, a direct construction leaves it unknown.
+    schema: int = SCHEMA
     mgpu_lib: Optional[str] = None
     git: Optional[str] = None
     torch: Optional[str] = None
@@ -135,19 +142,21 @@ class TrainResult:
                steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
                ) -> "TrainResult":
         """A new run's empty result with the whole header: the one way the engines make one."""
-        head = record.header(hardware=hardware, profile=config.profile, config=config.to_dict())
+        head = record_header(hardware=hardware, profile=config.profile, config=config.to_dict())
         return cls(**head, num_devices=num_devices, data_source=data_source,
                    steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
 
     @property
     def final_test_acc(self) -> float:
-        """nan unless the run finished ("ok"): the same answer as a sweep `Record`'s."""
-        return record.final_test_acc(self.test_acc, self.status)
+        """The last epoch's test accuracy; nan unless the run finished ("ok"): a diverged run's
+        last accuracy is from before it blew up, and would flatter its setting in a mean."""
+        return float(self.test_acc[-1]) if self.test_acc and self.status == "ok" else math.nan
 
     @property
     def sec_per_epoch(self) -> float:
-        """nan for a run with no epochs, as for a sweep `Record`."""
-        return record.sec_per_epoch(self.epoch_seconds)
+        """The mean epoch time; nan for a run with no epochs (0 would read as infinitely fast)."""
+        s = self.epoch_seconds
+        return sum(s) / len(s) if s else math.nan
 
     def summary(self) -> str:
         """The chapter's summary line, e.g. 'test acc: 0.91, 12.3 sec/epoch on 2 x NVIDIA H200'."""
@@ -162,33 +171,15 @@ class TrainResult:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
-        """A result from its JSON; one-line ResultsError if it is not a whole one. A file from
-        before the header is schema 1 with its versions unknown."""
-        problem = (record.run_problem(d.get("config"), {m: d.get(m) for m in METRICS},
-                                      d.get("status", "ok"))
-                   if isinstance(d, dict) else "not a JSON object")
+        """A result from its JSON; a one-line ValueError if it is not a whole one. A record
+        from before the header is LEGACY_SCHEMA, its versions unknown."""
+        problem = run_problem(d)
         try:
             if problem is None:
-                return cls(**{"schema": record.LEGACY_SCHEMA, **d})
+                return cls(**{"schema": LEGACY_SCHEMA, **d})
         except TypeError as e:
             problem = str(e)
-        raise ResultsError(f"{where} is not a train result ({problem})")
-
-    def save(self, path) -> None:
-        """Write JSON atomically: a temporary file in the same folder, then a rename."""
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path) -> "TrainResult":
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ResultsError(f"cannot read train result {path}: {e}") from None
-        return cls.from_dict(d, where=str(path))
-
-
-METRICS = record.METRICS     # the per-epoch lists of a TrainResult, in the order they are filled
+        raise ValueError(f"{where} is not a train result ({problem})")
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):

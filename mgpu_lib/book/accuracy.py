@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .record import header
-from .results import mean_std_se
-from .switches import Switches
-from .train import TrainConfig, train
+from .store import mean_std_se
+from ..config import Switches
+from ..training import record_header as header, TrainConfig, train
 
 
 def compare_accuracy(config: TrainConfig, data_fast=None, data_reference=None) -> dict:

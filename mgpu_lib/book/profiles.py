@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-from .devices import autocast_dtype, describe_devices, try_gpu
+from ..config import TrainConfig
+from ..devices import autocast_dtype, describe_devices, try_gpu
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,13 @@ class Profile:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def config(self, cls=TrainConfig, **overrides) -> TrainConfig:
+        """A `TrainConfig` (or `cls`) with this profile's settings, `overrides` on top."""
+        base = dict(batch_size=self.batch_size, lr=self.lr, num_epochs=self.num_epochs,
+                    width=self.width, train_limit=self.train_limit, test_limit=self.test_limit,
+                    allow_synthetic=self.allow_synthetic, profile=self.name)
+        return cls(**{**base, **overrides})
 
 
 PROFILES: dict[str, Profile] = {

@@ -1,7 +1,7 @@
 """The results store: JSON Lines files, one record appended per run, and the statistics on them.
 
 Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
-`record.py`). Appending takes a file lock (`filelock`, on every platform), so two processes
+`mgpu_lib.training.record_header`). Appending takes a file lock (`filelock`, on every platform), so two processes
 writing one store both keep their records. What the store refuses and what it keeps:
 - a path that is not a regular file (a device, a FIFO, `/dev/null`) is never a store, and a
   file with a line that is not a record is "not a results store": one line, the file untouched;
@@ -27,6 +27,8 @@ from typing import Sequence
 
 from filelock import FileLock
 
+from ..training import HEADER, LEGACY_SCHEMA, SCHEMA, TrainResult
+
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 
 
@@ -36,7 +38,7 @@ class ResultsError(ValueError):
 
 def recorded(name: str) -> Path:
     """The path of a record file shipped with the package, e.g. `recorded("ex1_cpu.jsonl")`."""
-    return Path(str(resources.files(__package__).joinpath(RECORDED_DIR, name)))
+    return Path(str(resources.files("mgpu_lib").joinpath(RECORDED_DIR, name)))
 
 
 def _shown(path) -> str:
@@ -154,6 +156,45 @@ def write_json_atomic(path, obj) -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _is_text(value, optional: bool = True) -> bool:
+    return (value is None and optional) or (isinstance(value, str) and value != "")
+
+
+def check_header(rec: dict, where: str) -> None:
+    """Raise ResultsError (one line, naming `where`) unless `rec` carries a whole header."""
+    missing = [k for k in HEADER if k not in rec]
+    if missing:
+        raise ResultsError(f"{where}: no {', '.join(missing)} (a record from before the "
+                           f"header, schema {LEGACY_SCHEMA}?)")
+    bad = [k for k in ("mgpu_lib", "git", "torch", "profile") if not _is_text(rec[k])]
+    if rec["schema"] != SCHEMA:
+        bad.insert(0, "schema")
+    if not _is_text(rec["hardware"], optional=False):
+        bad.append("hardware")
+    if not isinstance(rec["config"], dict) or not rec["config"]:
+        bad.append("config")
+    if bad:
+        raise ResultsError(f"{where}: bad header field(s) {', '.join(bad)}")
+
+
+def save_result(result: TrainResult, path) -> None:
+    """Write a run's result as JSON, atomically (`write_json_atomic`)."""
+    write_json_atomic(path, result.to_dict())
+
+
+def load_result(path) -> TrainResult:
+    """A run's result from its JSON file; a one-line ResultsError if it is not a whole one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"cannot read train result {_shown(path)}: {e}") from None
+    try:
+        return TrainResult.from_dict(d, where=_shown(path))
+    except ValueError as e:
+        raise ResultsError(str(e)) from None
 
 
 def _lock(path: Path) -> FileLock:

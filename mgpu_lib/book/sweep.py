@@ -24,12 +24,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import results
-from .ddp import LaunchError, launch
-from .record import LEGACY_SCHEMA, SCHEMA, final_test_acc, run_problem, sec_per_epoch
-from .settings import COUNT, NONNEGATIVE_NUMBER
-from .switches import SWITCH_FIELDS
-from .train import METRICS, TrainConfig, TrainResult, train
+from . import store as results
+from ..lab.launcher import LaunchError, launch
+from ..config import COUNT, NONNEGATIVE_NUMBER
+from ..config import SWITCH_FIELDS
+from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, TrainConfig, TrainResult, run_problem, train
 
 # Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
 # and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
@@ -62,8 +61,10 @@ class Record:
     def from_dict(cls, d: dict, where: str = "a sweep record") -> "Record":
         """A record from its JSON; one-line ResultsError if it is not a whole one. A record
         from before the header is schema 1 with its versions unknown."""
-        problem = (run_problem(d.get("config"), d.get("metrics"), d.get("status"))
-                   if isinstance(d, dict) else "not a JSON object")
+        problem = ("not a JSON object" if not isinstance(d, dict) else
+                   "its metrics are not a dict" if not isinstance(d.get("metrics"), dict) else
+                   run_problem({**d["metrics"], "config": d.get("config"),
+                                "status": d.get("status")}))
         try:
             if problem is None:
                 return cls(**{"schema": LEGACY_SCHEMA, **d})
@@ -83,12 +84,14 @@ class Record:
     @property
     def final_test_acc(self) -> float:
         """record.py's rule, as for a TrainResult: nan unless the run finished ("ok")."""
-        return final_test_acc(self.metrics["test_acc"], self.status)
+        return TrainResult(self.config, "", 0, "", 0, test_acc=self.metrics["test_acc"],
+                           status=self.status).final_test_acc
 
     @property
     def sec_per_epoch(self) -> float:
         """record.py's rule, as for a TrainResult: nan for a run with no epochs."""
-        return sec_per_epoch(self.metrics["epoch_seconds"])
+        return TrainResult(self.config, "", 0, "", 0,
+                           epoch_seconds=self.metrics["epoch_seconds"]).sec_per_epoch
 
     def get(self, name: str):
         """A config field or a sweep option by name (what `plot_sweep(x=...)` reads)."""

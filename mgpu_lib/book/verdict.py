@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .results import mean_std_se
+from .store import mean_std_se
 
 try:  # myst-nb stores glued values for the book; Colab and plain Jupyter build no book
     from myst_nb import glue as _myst_glue

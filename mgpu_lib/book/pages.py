@@ -29,13 +29,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from .devices import num_gpus
+from ..devices import num_gpus
 from .profiles import Profile, active_profile, banner, get_profile
-from .results import recorded
-from .runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds, recorded_cpus
-from .scaling import spec_for_name
+from .store import read, recorded
+from ..perf.runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds, recorded_cpus
+from ..perf.scaling import spec_for_name
 from .style import book_style
-from .train import TrainConfig
+from ..training import TrainConfig
 
 BUDGET_MIN = 15.0
 STARTUP_S = 20.0
@@ -55,20 +55,25 @@ class Ex1Plan:
     seeds: tuple
 
 
+def recorded_cpu_rates() -> dict[str, dict[int, float]]:
+    """`runtime.cpu_rates` of the CPUs whose benchmarks ship with the book (`bench_cpu.jsonl`)."""
+    return cpu_rates(read(recorded("bench_cpu.jsonl")))
+
+
 def ex1_plan(profile: Profile) -> Ex1Plan:
     """smoke: a tiny sweep in a temporary folder; cpu: the recorded sweep (width 16, 5,000
     images), read, not retrained; anything else: the chapter's settings, stored in ./runs/."""
     if profile.name == "smoke":
-        base = TrainConfig.from_profile(profile, num_epochs=2, train_limit=500, test_limit=200)
+        base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
         return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0],
                        Path(tempfile.gettempdir())
                        / f"mgpu-ex1-smoke-{os.getpid()}-{time.time_ns()}.jsonl",
                        False, profile.seeds)
     if profile.name == "cpu":
-        base = TrainConfig.from_profile(profile, train_limit=5000, test_limit=1000)
+        base = profile.config(train_limit=5000, test_limit=1000)
         return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], [0.05, 0.1, 0.2, 0.4, 50.0],
                        recorded("ex1_cpu.jsonl"), True, profile.seeds)
-    base = TrainConfig.from_profile(profile)
+    base = profile.config()
     e = base.num_epochs
     epochs = sorted({max(1, e // 5), max(1, e // 2), e, 2 * e})
     store = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
@@ -240,7 +245,7 @@ def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
         on = f"{gpus} x {spec.name.split()[0]}" if gpus > 1 else f"one {spec.name.split()[0]}"
         return dict(seconds=(STARTUP_S + lo, STARTUP_S + hi), profile=p, cuts=cuts, on=on,
                     budget_s=budget)
-    rates = cpu_rates()
+    rates = recorded_cpu_rates()
     if not rates:
         return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
     times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -24,6 +25,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
+
+from ..config import TrainConfig
+from ..ddp import (COLLECTIVE_TIMEOUT_S, RankInputError, check_fresh, choose_backend,
+                   cpu_threads, load_checkpoint, local_batch_size)
+from ..devices import DeviceError, num_gpus
+from ..training import TrainResult
 
 LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` passes them on
 # The one line of torchrun's own log still read: a rank ended by a signal writes no error file,
@@ -47,10 +54,6 @@ INPUT_ERROR = "RankInputError"      # a rank's own refusal of its input (see `Ra
 
 class LaunchError(RuntimeError):
     """A DDP job failed or hung; the message names the rank and its error."""
-
-
-class RankInputError(ValueError):
-    """A rank refused its input (bad data, a bad checkpoint): a user error, said in one line."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -313,3 +316,54 @@ def _explain(detail: str) -> str:
         detail += (" (a collective timed out: another rank stopped answering; it hung, died or "
                    "is slower than the collective timeout)")
     return detail
+
+
+# ---- the launcher -----------------------------------------------------------------------------
+
+def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
+           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
+           resume: bool = False, log: Optional[Callable[[str], None]] = None) -> TrainResult:
+    """Run `config` as a torchrun job of `nprocs` processes on this machine; rank 0's result.
+
+    Args:
+        config: what to train; `batch_size` is the global batch, split evenly over the ranks.
+        nprocs: processes (one per GPU with nccl; "virtual devices" sharing the CPU with gloo).
+        backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
+        timeout_s: the whole job's limit; past it every process is stopped.
+        collective_timeout_s: how long a rank waits in a collective for a silent peer.
+        checkpoint: a folder for per-epoch checkpoints; `resume` continues from the last one.
+        log: called with each of rank 0's progress lines as it arrives (e.g. `print`).
+    Returns:
+        Rank 0's `TrainResult`; a diverged run is a result with status "diverged".
+    Raises:
+        RankInputError: a rank refused its input (missing data, say): a ValueError.
+        LaunchError: a rank failed or the job timed out (the message names the rank and error).
+    """
+    backend = choose_backend(backend)
+    local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
+    if backend == "nccl" and nprocs > num_gpus():
+        raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
+                          f"{num_gpus()}")
+    if checkpoint and resume:
+        load_checkpoint(checkpoint, config, nprocs)      # a bad checkpoint: one line, now
+    elif checkpoint:
+        check_fresh(checkpoint)                          # never overwrite another run's
+    with tempfile.TemporaryDirectory(prefix="mgpu-ddp-") as tmp:
+        cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        cfg.write_text(json.dumps(config.to_dict()), encoding="utf-8")
+        args = ["--config", str(cfg), "--out", str(out), "--backend", backend,
+                "--timeout", str(collective_timeout_s)]
+        if checkpoint:
+            args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
+        logs = Path(tmp) / "logs"    # torchrun gives each rank an error file under it
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nprocs}", "--max-restarts=0", f"--log-dir={logs}",
+               "-m", "mgpu_lib", "worker", *args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
+        if os.name == "nt":     # torch's Windows wheels have no libuv, which torchrun's store
+            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils)
+        ended = supervise(cmd, env, timeout_s, log, log_dir=logs)
+        if ended.code != 0:
+            raise failure(ended)
+        return TrainResult.from_dict(json.loads(out.read_text(encoding="utf-8")), str(out))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .events import RankTrace, TraceRun, backward_spans, overlap_rows
-from .scaling import Overheads
+from ..lab.events import RankTrace, TraceRun, backward_spans, overlap_rows
+from ..perf.scaling import Overheads
 from .style import legend_below, title as set_title
 
 COLORS = {"forward": "0.75", "backward": "C0", "allreduce": "C1", "broadcast": "C4",

@@ -32,11 +32,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from .ddp import choose_backend, cpu_threads, local_batch_size
-from .devices import DeviceError, describe_devices, num_gpus
+from ..ddp import choose_backend, cpu_threads, local_batch_size
+from ..devices import DeviceError, describe_devices, num_gpus
 from .events import TraceRun, overlap_rows, read_trace, save_events
-from .model import num_params, resnet18
-from .train import TrainConfig, make_model
+from ..model import num_params, resnet18
+from ..training import TrainConfig, make_model
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
 # DDP's default caps (torch/nn/parallel/distributed.py): 25 MiB a bucket, but the first bucket

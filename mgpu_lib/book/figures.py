@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Sequence
 
-from .scaling import ring_allreduce_steps
+from ..perf.scaling import ring_allreduce_steps
 
 PHASES = [
     ("scatter\ninputs", "split the batch,\ncopy shards"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from typing import Optional, Sequence
 
-from .results import mean_std_se, summarize
+from .store import mean_std_se, summarize
 from .style import integer_ticks, legend_below, mark_synthetic, title as set_title
 
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .evidence import Calibration, band, published_fit
-from .model import forward_flops, num_params, resnet18
-from .results import read, recorded
+from ..model import forward_flops, num_params, resnet18
 from .scaling import LINKS, DeviceSpec, Overheads, Workload, predict_step_time
-from .switches import EVAL_BATCH
+from ..config import EVAL_BATCH
 
 
 @dataclass(frozen=True)
@@ -107,10 +106,11 @@ def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None
     return total
 
 
-def cpu_rates() -> dict[str, dict[int, float]]:
-    """Achieved training FLOP/s of each recorded 2-core CPU's fast loop in fp32, by width."""
+def cpu_rates(records) -> dict[str, dict[int, float]]:
+    """Achieved training FLOP/s of each 2-core CPU's fast loop in fp32, by width, from its
+    `bench` records (the book's are `bench_cpu.jsonl`, read by `book.pages.recorded_cpu_rates`)."""
     rates: dict[str, dict[int, float]] = {}
-    for r in read(recorded("bench_cpu.jsonl")):
+    for r in records:
         fast = r["modes"]["fast"]
         if r["device"] != "cpu" or "bf16" in fast["describe"]:
             continue
@@ -124,16 +124,16 @@ RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a
 
 
 def recorded_cpus(rates: dict) -> str:
-    """What a CPU prediction from `cpu_rates()` is for, in words (short: it ends a printed
+    """What a CPU prediction from `cpu_rates` is for, in words (short: it ends a printed
     line that must fit the book's column)."""
     return f"a 2-core CPU like the {len(rates)} recorded {'one' if len(rates) == 1 else 'ones'}"
 
 
-def recorded_cpu(width: int, threads: int = RECORDED_THREADS) -> Calibration:
-    """A CPU before it is measured: the slowest recorded CPU's fast loop (fp32) at the recorded
+def recorded_cpu(rates: dict, width: int, threads: int = RECORDED_THREADS) -> Calibration:
+    """A CPU before it is measured: the slowest CPU of `rates` (`cpu_rates`) fast loop (fp32) at the recorded
     width nearest `width`, scaled to `width` by FLOPs and to `threads` in proportion (an
     assumption), as a line through the origin (no per-step cost)."""
-    flops = min(r[min(r, key=lambda w: abs(w - width))] for r in cpu_rates().values())
+    flops = min(r[min(r, key=lambda w: abs(w - width))] for r in rates.values())
     rate = flops * threads / RECORDED_THREADS / workload(width).train_flops
     return Calibration(images_per_second=rate, step_s=0.0, rms_error_s=0.0)
 

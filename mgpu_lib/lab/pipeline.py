@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .data import DeviceLoader
-from .devices import timed
-from .hetero import forward_backward
+from ..data import DeviceLoader
+from ..devices import timed
+from ..hetero import forward_backward
 
 
 class AugmentedImages(torch.utils.data.Dataset):

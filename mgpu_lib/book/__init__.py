@@ -1,0 +1,1 @@
+"""The book's own machinery."""

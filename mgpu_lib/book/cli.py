@@ -1,0 +1,346 @@
+"""Command line: `python -m mgpu_lib train ...` (argparse lives only here).
+
+    python -m mgpu_lib train --devices 1 --batch-size 256 --lr 0.1 --epochs 10 --out run.json
+    python -m mgpu_lib train --profile smoke
+    python -m mgpu_lib sweep --profile cpu --vary lr=0.05,0.2 --seeds 0,1,2 --store runs/x.jsonl
+    python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
+    python -m mgpu_lib pages          # each page's predicted run time (the README's table)
+    python -m mgpu_lib trace --nprocs 2 --profile smoke --bucket-cap-mb 1 --out runs/trace
+    torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
+
+Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
+(its result is still written).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..lab.bench import bench, format_bench
+from ..data import DataError
+from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, run
+from ..devices import DeviceError, num_gpus
+from .pages import prediction_header, prediction_rows
+from .plan import merge_vary, parse_vary, plan_line, predicted_sweep, vary_keys
+from .profiles import active_profile, get_profile
+from .store import ResultsError, append, check_writable, save_result
+from ..config import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
+from ..lab.launcher import LOG, LaunchError, launch
+from .sweep import MAX_POINTS, count_points, sweep
+from ..config import BF16_FLAG
+from ..lab.trace import Variant, summary_lines, trace_ddp
+from ..training import TrainConfig, train
+
+
+def argtype(check: Check):
+    """An argparse type from a setting's check: a refusal is one line naming the flag."""
+    def convert(text: str):
+        try:
+            return check.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = check.words
+    return convert
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line, with exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_config_flags(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    """One flag per declared field of `config` (`settings.setting`): its name, help and check.
+    A flag left out keeps the profile's value; a true/false flag alone means true."""
+    for f in on_cli(config):
+        on_off = f.metadata["check"] is FLAG
+        p.add_argument(flag_name(f), dest=f.name, type=argtype(f.metadata["check"]),
+                       nargs="?" if on_off else None, const=True if on_off else None,
+                       metavar=f.metadata["check"].metavar, help=f.metadata["help"])
+
+
+def add_train_args(p: argparse.ArgumentParser, config=TrainConfig,
+                   out_help: str = "write the TrainResult JSON here") -> None:
+    add_config_flags(p, config)
+    p.add_argument("--profile", help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
+    p.add_argument("--out", help=out_help)
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
+                   help="dp: nn.DataParallel in one process (the chapter's); ddp: "
+                        "DistributedDataParallel, one process per device")
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT),
+                   help="DDP processes (default: GPUs, else 2)")
+    p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
+    p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
+                   help="DDP: seconds a rank waits for a silent peer before the job fails "
+                        f"(default {COLLECTIVE_TIMEOUT_S:g})")
+
+
+def build_parser(config=TrainConfig) -> Parser:
+    """The command line; every `config` field declared with `settings.setting` is a flag of
+    train, sweep and worker, and a key of --vary."""
+    parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
+    parser.set_defaults(config_class=config)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train_parser = sub.add_parser("train", help="train the chapter's ResNet-18")
+    add_train_args(train_parser, config)
+    add_strategy_args(train_parser)
+    add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"),
+                   config)
+    add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
+    add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"), config)
+    sub.add_parser("pages", help="each page's predicted run time (the README's table)")
+    add_trace_args(sub.add_parser("trace", help="a few DDP steps under torch.profiler: "
+                                                "per-rank traces, all-reduce overlap"))
+    return parser
+
+
+def config_from_args(args) -> TrainConfig:
+    """The config (`args.config_class`, default TrainConfig) from the profile, overridden by
+    every flag that was given."""
+    profile = get_profile(args.profile) if args.profile else active_profile()
+    config = getattr(args, "config_class", TrainConfig)
+    overrides = {f.name: getattr(args, f.name) for f in on_cli(config)
+                 if getattr(args, f.name, None) is not None}
+    return profile.config(config, **overrides)
+
+
+def cmd_train(args) -> int:
+    config = config_from_args(args)
+    if args.out:
+        check_writable(args.out)               # before training, not after
+    if args.strategy == "ddp":
+        result = _train_ddp(config, args)      # it echoes rank 0's summary line itself
+        if result is None:
+            return 1
+    elif args.nprocs or args.checkpoint or args.resume:
+        raise ValueError("--nprocs, --checkpoint and --resume need --strategy ddp")
+    else:
+        result = train(config, progress=True)
+        print(result.summary())
+    if args.out:
+        save_result(result, args.out)
+    return 0 if result.status == "ok" else 3
+
+
+def vary_type(config=TrainConfig):
+    """An argparse type for --vary: `plan.parse_vary` for `config`, refusals in one line."""
+    def convert(text: str) -> tuple:
+        try:
+            return parse_vary(text, config)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def add_sweep_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    add_train_args(p, config, out_help=argparse.SUPPRESS)     # refused: records go to --store
+    p.add_argument("--vary", type=vary_type(config), action="append", required=True,
+                   help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
+                        f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
+                        "DataParallel)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--store", required=True,
+                   help="JSON Lines store: read, then one record appended per new point")
+    p.add_argument("--yes", action="store_true",
+                   help=f"train a sweep of more than {SWEEP_CAP} points or predicted to take "
+                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise; above "
+                        f"{MAX_POINTS:,} points always)")
+
+
+# A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours,
+# and so can 2 runs of the full profile on a CPU.
+SWEEP_CAP = 200
+SWEEP_HOURS = 2.0
+
+
+def cmd_sweep(args) -> int:
+    if args.out:
+        raise ValueError("sweep has no --out: it appends every point to --store")
+    try:
+        seeds = [SEED.parse(s) for s in args.seeds.split(",")]
+    except ValueError as e:
+        raise ValueError(f"--seeds: {e}") from None
+    base, vary = config_from_args(args), merge_vary(args.vary)
+    n = count_points(vary, seeds)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
+                         "vary fewer values")
+    pred = predicted_sweep(base, vary, seeds)
+    print(plan_line(base, vary, seeds, pred), flush=True)
+    if n > SWEEP_CAP and not args.yes:
+        raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
+    if pred and pred[1] > SWEEP_HOURS * 3600 and not args.yes:
+        raise ValueError(f"predicted to take up to {pred[1] / 3600:.1f} h, more than "
+                         f"{SWEEP_HOURS:g} h; pass --yes to train it")
+    records = sweep(base, vary, seeds=seeds, store=args.store, log=print)
+    print(f"{len(records)} points in {args.store}")
+    return 0
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
+    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
+    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64,
+                   help="ResNet width (64 = chapter)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
+    p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
+    p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
+    p.add_argument("--workers", type=argtype(COUNT),
+                   help="reference DataLoader workers (default: 4, capped at the usable cores)")
+    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                   help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
+    p.add_argument("--norm-fp32", action="store_true",
+                   help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
+    p.add_argument("--out", help="append the result as one line to this JSON Lines file")
+
+
+def cmd_bench(args) -> int:
+    if args.out:
+        check_writable(args.out, store=True)     # it appends: a store, refused before the run
+    result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
+                   repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
+                   num_workers=args.workers,
+                   bf16=BF16_FLAG[args.bf16],
+                   norm_fp32=args.norm_fp32)
+    print("\n".join(format_bench(result)))
+    if args.out:
+        append(args.out, result)
+    return 0
+
+
+def _train_ddp(config, args):
+    if args.devices is not None:
+        raise ValueError("with --strategy ddp, --nprocs sets the number of processes, "
+                         "not --devices")
+    if args.resume and not args.checkpoint:
+        raise ValueError("--resume needs --checkpoint DIR")
+    if args.checkpoint:          # a folder we cannot write: now, not after the first epoch
+        check_writable(Path(args.checkpoint) / CKPT_NAME)
+    try:      # launch echoes rank 0's progress and summary lines
+        return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
+                      resume=args.resume, collective_timeout_s=args.timeout,
+                      log=lambda line: print(line, flush=True))
+    except LaunchError as e:    # a failed rank: one line, exit code 1
+        print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
+        return None
+
+
+def add_worker_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
+    add_train_args(p, config)
+    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
+                   help="seconds a collective may wait for a silent rank")
+    p.add_argument("--threads", type=argtype(POSITIVE_INT),
+                   help="CPU threads per process (default: its share of this node's cores)")
+    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
+
+
+def cmd_worker(args) -> int:
+    """One rank of a torchrun job. A run that diverged exits 0 too: its result says so."""
+    if "RANK" not in os.environ:
+        raise ValueError("run this under torchrun: torchrun --nproc_per_node=N -m mgpu_lib "
+                         "worker ...")
+    if args.devices is not None:
+        raise ValueError("--devices does not apply: torchrun's --nproc_per_node sets the "
+                         "processes")
+    try:
+        config = (TrainConfig(**json.loads(Path(args.config).read_text())) if args.config
+                  else config_from_args(args))
+        if args.out:
+            check_writable(args.out)
+        if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
+            check_writable(Path(args.checkpoint) / CKPT_NAME)
+        result = run(config, backend=args.backend, checkpoint=args.checkpoint,
+                     resume=args.resume, timeout_s=args.timeout, threads=args.threads,
+                     log=lambda line: print(LOG + line, flush=True))
+        if result is not None and args.out:        # rank 0
+            save_result(result, args.out)
+    except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
+        print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,
+              flush=True)
+        return 2
+    return 0
+
+
+def cmd_pages(args) -> int:
+    """The README's table: each page's predicted time on a Colab T4 and on a 2-core CPU."""
+    try:
+        header, rows = prediction_header(), prediction_rows()
+    except ValueError as e:                      # MGPU_PAGE_BUDGET_MIN that is not a number
+        print(f"mgpu_lib pages: error: {e}", file=sys.stderr)
+        return 2
+    for line in header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]:
+        print(line)
+    return 0
+
+
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), default=2,
+                   help="DDP processes (default 2)")
+    p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
+                                     "(default: MGPU_PROFILE, else by hardware)")
+    p.add_argument("--bucket-cap-mb", type=argtype(POSITIVE_NUMBER),
+                   help="trace this bucket cap only (default: small buckets, one bucket, and "
+                        "one bucket with no_sync)")
+    p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
+                   help="with --bucket-cap-mb: micro-batches per step, all but the last under "
+                        "no_sync")
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=2,
+                   help="steps recorded, after two unrecorded ones (default 2)")
+    p.add_argument("--out", default="runs/trace",
+                   help="folder for the per-rank Chrome traces and events.json")
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=300.0,
+                   help="stop every process after this many seconds (default 300)")
+
+
+def cmd_trace(args) -> int:
+    """Trace DDP steps; print what the traces measured and where they are."""
+    config = (get_profile(args.profile) if args.profile else active_profile()).config()
+    if args.accumulate > 1 and args.bucket_cap_mb is None:
+        raise ValueError("--accumulate needs --bucket-cap-mb")
+    variants = None
+    if args.bucket_cap_mb is not None:
+        name = f"bucket cap {args.bucket_cap_mb:g} MiB" + (
+            f", no_sync x{args.accumulate}" if args.accumulate > 1 else "")
+        variants = [Variant(name, args.bucket_cap_mb, args.accumulate)]
+    check_writable(Path(args.out) / "events.json")
+    try:
+        run = trace_ddp(config, args.nprocs, variants, out=args.out, active=args.steps,
+                        timeout_s=args.timeout)
+    except (RuntimeError, TimeoutError) as e:     # a rank failed or hung: one line
+        print(f"python -m mgpu_lib trace: error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(summary_lines(run)))
+    print(f"traces: {args.out}/*/rank*.json; open one in https://ui.perfetto.dev")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker,
+            "pages": cmd_pages, "trace": cmd_trace}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, DeviceError, DataError, ResultsError) as e:
+        print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:     # Ctrl-C; or SIGTERM during a DDP job (`Terminated`)
+        print(f"python -m mgpu_lib {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

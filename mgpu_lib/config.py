@@ -1,0 +1,284 @@
+"""What a run is: `TrainConfig`, each setting declared once, and the fast path's switches.
+
+    config = TrainConfig(devices=2, batch_size=512, lr=0.2)
+    switches = resolve_switches(config, device)     # "auto" decided for one device
+
+A setting is a dataclass field declared once with `setting(default, check, help)`: `validate`
+checks it, and the command line (`mgpu_lib.book.cli`) builds its flag and its `--vary` key from
+the same declaration, so a new field is one edit.
+
+The fast path's switches (`resolve_switches`) turn a config's "auto" into decisions for one
+device, by fixed rules read from the hardware (never probed, so a run's numerics never depend on
+how busy the machine was):
+- device-resident data: always (batches are sliced on the device; no DataLoader workers);
+- channels_last: on CUDA, and on a CPU where `channels_last_safe` says so;
+- bf16 autocast: on CUDA GPUs with native bf16 (compute capability 8.0 and newer). On a CPU it
+  is opt-in (`bf16=True`): the Performance page shows what it costs in accuracy;
+- fp16 autocast with a `GradScaler`: on CUDA GPUs of capability 7.0 and 7.5 (V100, T4), which
+  have fp16 tensor cores but no bf16;
+- cudnn.benchmark: on CUDA; evaluation batch: 1024 images (at least the training batch);
+- torch.compile: off unless asked for (compiling takes longer than the runs this book does).
+All off (`REFERENCE`) is the chapter's loop: its DataLoader, NCHW and fp32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from .data import SOURCES
+from .devices import autocast_dtype, cpu_bf16_support
+
+SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
+
+
+@dataclass(frozen=True)
+class Check:
+    """What values a setting takes: `ok(value)` for Python values, `parse(text)` for the command
+    line's text, `words` to say it ("must be <words>") and `metavar` to show it in help."""
+    words: str
+    ok: Callable[[Any], bool]
+    convert: Callable[[str], Any]
+    metavar: str = "VALUE"
+
+    def parse(self, text: str):
+        """`text` as a value, or a ValueError saying what was expected."""
+        try:
+            value = self.convert(text.strip())
+        except (ValueError, OverflowError):
+            value = None
+        if value is None or not self.ok(value):
+            raise ValueError(f"must be {self.words}, got {text!r}")
+        return value
+
+    def check(self, name: str, value) -> None:
+        if not self.ok(value):
+            raise ValueError(f"{name} must be {self.words}, got {value!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
+def _to_bool(text: str) -> Optional[bool]:
+    t = text.lower()
+    return True if t in _TRUE else False if t in _FALSE else None
+
+
+POSITIVE_INT = Check("a positive integer", lambda v: _is_int(v) and v >= 1, int, "N")
+COUNT = Check("an integer >= 0", lambda v: _is_int(v) and v >= 0, int, "N")
+SEED = Check("an integer from 0 to 2**63 - 1", lambda v: _is_int(v) and 0 <= v <= SEED_MAX,
+             int, "N")
+POSITIVE_NUMBER = Check("a positive number", lambda v: _is_number(v) and v > 0, float, "X")
+NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: _is_number(v) and v >= 0, float,
+                           "X")
+FLAG = Check("true or false (on/off)", lambda v: isinstance(v, bool), _to_bool, "on|off")
+AUTO_FLAG = Check("true, false or 'auto' (on/off/auto)",
+                  lambda v: isinstance(v, bool) or v == "auto",
+                  lambda t: "auto" if t.lower() == "auto" else _to_bool(t), "on|off|auto")
+NAME = Check("a name (a string)", lambda v: isinstance(v, str), str, "NAME")
+
+
+def one_of(*choices: str) -> Check:
+    return Check(f"one of {', '.join(choices)}", lambda v: v in choices, str, "|".join(choices))
+
+
+def setting(default, check: Check, help: str, *, optional: bool = False,
+            flag: Optional[str] = None, cli: bool = True):
+    """A dataclass field declared once. `optional`: None is allowed too (meaning a default
+    chosen at run time). `flag`: the command-line name (default `--field-name`); `cli=False`
+    keeps the field off the command line."""
+    return dataclasses.field(default=default, metadata=dict(
+        check=check, help=help, optional=optional, flag=flag, cli=cli))
+
+
+def declared(cls_or_obj) -> list[dataclasses.Field]:
+    """The fields of a config that were declared with `setting`."""
+    return [f for f in dataclasses.fields(cls_or_obj) if "check" in f.metadata]
+
+
+def on_cli(cls_or_obj) -> list[dataclasses.Field]:
+    """The declared fields that are command-line flags."""
+    return [f for f in declared(cls_or_obj) if f.metadata["cli"]]
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def validate(config) -> None:
+    """Raise a ValueError naming the first declared field whose value its check refuses."""
+    for f in declared(config):
+        value = getattr(config, f.name)
+        if not (value is None and f.metadata["optional"]):
+            f.metadata["check"].check(f.name, value)
+
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run, validated on construction. Each setting is declared once, here: its
+    default, check and help make its command-line flag and its `--vary` key too (`settings`)."""
+    devices: Optional[int] = setting(
+        None, POSITIVE_INT, "number of GPUs (default: all; the CPU where there is none)",
+        optional=True)
+    batch_size: int = setting(256, POSITIVE_INT, "global batch size (DataParallel splits it)")
+    lr: float = setting(0.1, POSITIVE_NUMBER, "learning rate")
+    num_epochs: int = setting(10, POSITIVE_INT, "number of epochs", flag="--epochs")
+    seed: int = setting(0, SEED, "seeds the weights and the data shuffle")
+    width: int = setting(64, POSITIVE_INT, "ResNet width (64 = the chapter's)")
+    train_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced training subset",
+                                         optional=True)
+    test_limit: Optional[int] = setting(None, POSITIVE_INT, "class-balanced test subset",
+                                        optional=True)
+    data_source: str = setting("auto", one_of(*SOURCES), "where Fashion-MNIST comes from")
+    allow_synthetic: bool = setting(False, FLAG, "let 'auto' fall back to synthetic data")
+    profile: str = setting("custom", NAME, "the profile this config came from (recorded)",
+                           cli=False)            # --profile picks the whole profile instead
+    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches
+    # below; each switch is True, False, or "auto" (switches.resolve_switches decides per device).
+    fast: bool = setting(True, FLAG, "the fast path; off: the chapter's loop")
+    device_data: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "batches made on the device, no per-step sync")
+    channels_last: Union[bool, str] = setting("auto", AUTO_FLAG, "channels_last memory format")
+    bf16: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                     "bf16 autocast; the weights stay fp32 (auto: GPUs with bf16)")
+    norm_fp32: bool = setting(False, FLAG, "under bf16: BatchNorm in fp32")
+    fp16: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                     "CUDA: fp16 autocast + GradScaler (auto: T4, V100)")
+    cudnn_benchmark: Union[bool, str] = setting("auto", AUTO_FLAG, "cudnn.benchmark")
+    compile: Union[bool, str] = setting("auto", AUTO_FLAG,
+                                        "torch.compile (auto: off; compiling dominates)")
+    eval_batch_size: Optional[int] = setting(
+        None, POSITIVE_INT, "evaluation batch (default: 1024, at least the batch, when fast)",
+        optional=True)
+    num_workers: Optional[int] = setting(
+        None, COUNT, "the chapter loader's workers (default: 4, capped at the cores)",
+        optional=True)
+
+    def __post_init__(self):
+        validate(self)
+
+
+    def replace(self, **changes) -> "TrainConfig":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+AUTO = "auto"
+EVAL_BATCH = 1024       # images per evaluation batch on the fast path
+# a command-line --bf16 value as a config value
+BF16_FLAG = {"auto": AUTO, "on": True, "off": False}
+
+
+@dataclass(frozen=True)
+class Switches:
+    """What the training loop does. All off (`REFERENCE`) is the chapter's loop."""
+    device_data: bool = False      # batches built on the device, not by a DataLoader
+    channels_last: bool = False
+    bf16: bool = False             # autocast; parameters and optimizer stay fp32
+    norm_fp32: bool = False        # under bf16: BatchNorm (and what follows it) in fp32
+    fp16: bool = False             # autocast to fp16, with a GradScaler (CUDA only)
+    cudnn_benchmark: bool = False
+    compile: bool = False
+    eval_batch_size: Optional[int] = None   # None: the training batch
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """E.g. 'device data, channels_last, fp32' or 'DataLoader+ToTensor, NCHW, fp32'."""
+        parts = ["device data" if self.device_data else "DataLoader+ToTensor",
+                 "channels_last" if self.channels_last else "NCHW",
+                 ("bf16 autocast, BatchNorm fp32" if self.norm_fp32 else "bf16 autocast")
+                 if self.bf16 else "fp16 autocast + GradScaler" if self.fp16 else "fp32"]
+        parts += [name for name, on in (("cudnn.benchmark", self.cudnn_benchmark),
+                                        ("compiled", self.compile)) if on]
+        return ", ".join(parts)
+
+
+REFERENCE = Switches()
+# config fields that only choose the fast path's switches (the chapter's loop ignores them)
+SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
+
+
+def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
+    """Whether `device` computes in bf16 natively: only then may "auto" consider bf16.
+
+    On CUDA that is compute capability 8.0 (Ampere) and newer. `torch.cuda.is_bf16_supported()`
+    is not the test: it also says True where bf16 is only emulated (a T4 or a V100), which is
+    slower than fp32 there.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return autocast_dtype(device) == "bf16"
+    if device.type == "cpu":
+        return (cpu_support or cpu_bf16_support()) != "none"
+    return False
+
+
+def channels_last_safe(device_type: str, width: int) -> bool:
+    """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`.
+
+    On CUDA, always. On a CPU, only from width 16. In torch 2.14 the backward pass of a
+    channels_last, stride-2, 1x1 convolution crashes oneDNN (a segfault or heap corruption) when
+    it has few input channels: 2 to 7 on one thread on an AVX2 EPYC, 8 on two threads on another
+    CPU; at 16 and more it never did. The narrowest such convolution here has `width` input
+    channels, so the rule keeps channels_last where it is safe and measured faster (1.1x to 1.3x
+    at widths 16 and 64). tests/test_crash_regression.py keeps the ten-line reproduction.
+    """
+    if device_type == "cuda":
+        return True
+    return device_type == "cpu" and width >= 16
+
+
+def _norm_input_fp32(module: nn.Module, args: tuple) -> tuple:
+    return (args[0].float(),) + tuple(args[1:])
+
+
+def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
+    """`net` in the switches' memory layout; with `norm_fp32` (under bf16), every BatchNorm gets
+    its input as fp32, so normalization, the ReLU after it and the residual sums run in fp32
+    while the convolutions stay bf16 (autocast casts their inputs back down)."""
+    if switches.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    if switches.bf16 and switches.norm_fp32:
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.register_forward_pre_hook(_norm_input_fp32)
+    return net
+
+
+def resolve_switches(config, device) -> Switches:
+    """The switches `config` (a `TrainConfig`) asks for on `device`: "auto" decided here."""
+    if not config.fast:
+        return REFERENCE
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+
+    def pick(value, auto: bool) -> bool:
+        return auto if value == AUTO else bool(value)
+
+    bf16 = pick(config.bf16, cuda and native_bf16(device))
+    fp16 = not bf16 and pick(config.fp16, autocast_dtype(device) == "fp16")
+    if fp16 and not cuda:
+        raise ValueError("fp16 autocast with a GradScaler needs a CUDA GPU; on a CPU use bf16")
+    return Switches(device_data=pick(config.device_data, True),
+                    channels_last=pick(config.channels_last,
+                                       channels_last_safe(device.type, config.width)),
+                    bf16=bf16, norm_fp32=bf16 and bool(config.norm_fp32), fp16=fp16,
+                    cudnn_benchmark=pick(config.cudnn_benchmark, cuda),
+                    compile=pick(config.compile, False),
+                    eval_batch_size=config.eval_batch_size or max(EVAL_BATCH, config.batch_size))

@@ -1,0 +1,1 @@
+"""Experiments the pages run."""

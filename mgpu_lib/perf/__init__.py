@@ -1,0 +1,1 @@
+"""The step-time model and its evidence."""
