@@ -4,17 +4,35 @@ from types import SimpleNamespace
 
 import pytest
 
-from mgpu_lib.book.verdict import APART, Z, by_seed, compare, decide, paired, unpaired
+from mgpu_lib.book.verdict import (APART, by_seed, compare, decide, false_call_rate, paired,
+                                   t_critical, unpaired)
 
 NAMES = ("A", "B")
 
 
-def test_a_ahead_when_every_seed_agrees_and_the_mean_clears_two_se():
+def test_a_ahead_when_every_seed_agrees_and_the_mean_clears_t_times_se():
     v = paired({0: 0.80, 1: 0.82, 2: 0.81}, {0: 0.70, 1: 0.71, 2: 0.72}, NAMES, scale=100)
     assert v.words == "A ahead" and v.winner == "A"
     assert v.n == 3 and v.paired
     assert v.mean == pytest.approx(10.0)
-    assert abs(v.mean) > Z * v.se
+    assert abs(v.mean) > t_critical(2) * v.se
+
+
+def test_three_seeds_with_differences_1_0_1_2_and_0_1_cannot_be_told_apart():
+    # issue 31: the old "2 standard errors" cut called A ahead here (0.77 > 2 x 0.34)
+    v = paired({0: 1.0, 1: 1.2, 2: 0.1}, {0: 0.0, 1: 0.0, 2: 0.0}, NAMES)
+    assert v.words == APART and v.winner is None
+    assert abs(v.mean) > 2 * v.se
+    assert abs(v.mean) <= t_critical(2) * v.se
+
+
+def test_the_t_rule_calls_a_false_winner_one_time_in_twenty_at_any_seed_count():
+    assert t_critical(1) == pytest.approx(12.706, abs=1e-3)
+    assert t_critical(2) == pytest.approx(4.303, abs=1e-3)
+    for n in (2, 3, 5, 20):
+        assert false_call_rate(n, t_critical(n - 1)) == pytest.approx(0.05)
+    assert false_call_rate(3, 2.0) == pytest.approx(0.18, abs=0.01)    # the old cut
+    assert false_call_rate(2, 2.0) == pytest.approx(0.30, abs=0.01)
 
 
 def test_b_ahead_is_the_mirror_image():
@@ -27,13 +45,15 @@ def test_the_issue_warmup_differences_cannot_be_told_apart():
     # issue 20 item 5: paired differences +0.11, +0.39, -0.10 (t about 1)
     v = paired({0: 0.11, 1: 0.39, 2: -0.10}, {0: 0.0, 1: 0.0, 2: 0.0}, NAMES)
     assert v.words == APART and v.winner is None
-    assert abs(v.mean) <= Z * v.se
+    assert "no effect" not in str(v) and "no difference" not in str(v)
+    assert f"could call is {v.detectable:.2f}" in str(v)
 
 
-def test_the_boundary_two_se_exactly_is_not_enough():
-    assert decide(2.0, 1.0, NAMES, n=5) == APART
-    assert decide(2.0001, 1.0, NAMES, n=5) == "A ahead"
-    assert decide(-2.0001, 1.0, NAMES, n=5) == "B ahead"
+def test_the_boundary_t_times_se_exactly_is_not_enough():
+    cut = t_critical(4)
+    assert decide(cut, 1.0, NAMES, n=5) == APART
+    assert decide(cut + 1e-4, 1.0, NAMES, n=5) == "A ahead"
+    assert decide(-cut - 1e-4, 1.0, NAMES, n=5) == "B ahead"
 
 
 def test_one_seed_never_decides_however_large_the_gap():
@@ -50,7 +70,7 @@ def test_no_shared_seed_says_so():
 def test_pairs_only_the_seeds_both_sides_hold():
     v = paired({0: 1.0, 1: 2.0, 2: 3.0}, {1: 1.0, 2: 2.0}, NAMES)
     assert v.n == 2 and v.mean == pytest.approx(1.0) and v.se == 0.0
-    assert v.words == "A ahead"
+    assert v.words == "A ahead"       # no spread at all: any t clears it
 
 
 def test_pairing_removes_the_shared_seed_term():
@@ -62,11 +82,13 @@ def test_pairing_removes_the_shared_seed_term():
     assert unpaired(list(a.values()), list(b.values()), NAMES).words == APART
 
 
-def test_unpaired_uses_welch_standard_error():
+def test_unpaired_uses_welch_standard_error_and_degrees_of_freedom():
     v = unpaired([1.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0], NAMES)
     assert not v.paired and v.n == 3
     assert v.se == pytest.approx(math.sqrt(1.0 / 3))
-    assert v.words == "A ahead"    # 2.0 > 2 * 0.577
+    assert v.dof == pytest.approx(2.0)      # all the spread is A's: A's n - 1
+    assert v.words == APART                 # 2.0 < 4.30 x 0.577
+    assert unpaired([1.0, 2.0, 3.0, 2.0, 2.0], [0.0] * 4, NAMES).words == "A ahead"
 
 
 def test_compare_pairs_when_the_seeds_match_and_not_otherwise():
@@ -79,14 +101,17 @@ def test_lower_is_better_turns_the_faster_side_into_the_one_ahead():
     slow = {0: 2.0, 1: 2.1, 2: 1.9}
     v = paired(fast, slow, ("fast", "slow"), lower_is_better=True)
     assert v.words == "fast ahead" and v.mean < 0
+    assert str(v).startswith("fast ahead by 1.00 ± 0.00 (slow minus fast")
 
 
-def test_words_and_text_name_both_sides_the_numbers_and_the_unit():
-    v = paired({0: 0.80, 1: 0.82}, {0: 0.70, 1: 0.71}, ("batch 256", "batch 512"),
-               scale=100, unit="points")
-    text = str(v)
-    assert text.startswith("batch 256 ahead: +10.50 ± 0.50 points")
-    assert "batch 256 minus batch 512, 2 seeds, paired" in text
+def test_the_winner_is_named_with_a_positive_margin_from_either_side():
+    a, b = {0: 0.80, 1: 0.82, 2: 0.81}, {0: 0.70, 1: 0.71, 2: 0.72}
+    names = ("batch 256", "batch 512")
+    text = str(paired(a, b, names, scale=100, unit="points"))
+    assert text == "batch 256 ahead by 10.00 ± 0.58 points (batch 256 minus batch 512, " \
+                   "3 seeds, paired)"
+    mirrored = str(paired(b, a, ("batch 512", "batch 256"), scale=100, unit="points"))
+    assert mirrored == text and "ahead by -" not in mirrored and "ahead: -" not in mirrored
 
 
 def test_non_finite_values_are_refused():
@@ -113,10 +138,10 @@ def test_glue_stores_plain_python_values_and_verdict_sentences(monkeypatch):
     assert stored["x"] == (0.25, False) and type(stored["x"][0]) is float
 
 
-def test_glue_without_myst_nb_does_nothing(monkeypatch):
+def test_glue_without_myst_nb_stores_nothing_and_raises_nothing(monkeypatch):
     from mgpu_lib.book import verdict
     monkeypatch.setattr(verdict, "_myst_glue", None)
-    verdict.glue("x", 1.0)
+    assert verdict.glue("x", 1.0) is None
 
 
 def test_a_side_without_a_finished_seed_says_so_and_shows_no_nan():

@@ -4,14 +4,19 @@ Is A ahead of B, B ahead of A, or can the seeds not tell?
 
     v = paired({0: 0.83, 1: 0.81, 2: 0.85}, {0: 0.79, 1: 0.80, 2: 0.78},
                names=("batch 256", "batch 512"), scale=100, unit="points")
-    v.words  # "batch 256 ahead"
-    str(v)   # "batch 256 ahead: +4.00 ± 1.73 points (batch 256 minus batch 512, 3 seeds, paired)"
+    str(v)   # "cannot be told apart: batch 256 minus batch 512 = +4.00 ± 1.73 points (3 seeds,
+             #  paired); the smallest gap these seeds could call is 7.45 points"
 
 The rule (RULE): take A minus B seed by seed where both sides hold the same seeds (paired),
 else the difference of the two means with Welch's standard error (unpaired). A side is ahead
-only when the mean difference is more than Z = 2 standard errors from zero; otherwise the two
-cannot be told apart. One seed has no standard error, so it never decides anything. Every
-verdict on a page is this module's output, glued into the prose, never typed:
+only when the mean difference is further from zero than Student's t at n - 1 degrees of
+freedom (Welch-Satterthwaite's when unpaired), two-sided 95%, times its standard error; so,
+with no real difference, the rule names a winner 1 time in 20 whatever the number of seeds
+(the old "2 standard errors" cut named one 1 time in 5 with 3 seeds and 1 in 3 with 2:
+`false_call_rate`). A winner's margin is printed positive; an undecided result names the
+smallest difference its seeds could have called (t times the standard error), never "no
+effect". One seed has no standard error, so it never decides anything. Every verdict on a page
+is this module's output, glued into the prose, never typed:
 
     glue("warmup_verdict", v)   # then {glue:text}`warmup_verdict` in a markdown cell
 """
@@ -21,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+from scipy import stats
+
 from .store import mean_std_se
 
 try:  # myst-nb stores glued values for the book; Colab and plain Jupyter build no book
@@ -28,11 +35,23 @@ try:  # myst-nb stores glued values for the book; Colab and plain Jupyter build 
 except ImportError:
     _myst_glue = None
 
-Z = 2.0
-RULE = ("A is ahead of B when the mean difference A - B is more than 2 standard errors "
-        "from zero (paired by seed where both have the same seeds); otherwise they "
-        "cannot be told apart")
+LEVEL = 0.95             # two-sided: a winner is named 1 time in 20 when there is none
+RULE = ("A is ahead of B when the mean difference A - B is further from zero than Student's "
+        "t (95%, n - 1 degrees of freedom) times its standard error (paired by seed where "
+        "both have the same seeds); otherwise they cannot be told apart")
 APART = "cannot be told apart"
+
+
+def t_critical(dof: float, level: float = LEVEL) -> float:
+    """Student's t quantile that a |mean| / se must pass: 12.71 at 1 degree of freedom,
+    4.30 at 2, 2.57 at 5, 1.96 with many."""
+    return float(stats.t.ppf(0.5 + level / 2, dof))
+
+
+def false_call_rate(n: int, cut: float) -> float:
+    """How often |mean| > cut x se names a winner among `n` paired seeds when there is no
+    difference: P(|t_(n-1)| > cut). The t rule's cut gives 1 - LEVEL at every n."""
+    return float(2 * stats.t.sf(cut, n - 1))
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,14 @@ class Verdict:
     paired: bool
     words: str
     unit: str = ""
+    dof: float = math.nan     # of the t distribution the rule used
+
+    @property
+    def detectable(self) -> float:
+        """The smallest |A - B| these seeds would have called: t x se (nan without one)."""
+        if self.n < 2 or math.isnan(self.se) or math.isnan(self.dof):
+            return math.nan
+        return t_critical(self.dof) * self.se
 
     @property
     def winner(self) -> str | None:
@@ -57,25 +84,32 @@ class Verdict:
         return None
 
     def __str__(self) -> str:
-        a, b = self.names
+        """'A ahead by 4.00 ± 1.73 points (A minus B, 3 seeds, paired)' with the winner's
+        margin positive, or 'cannot be told apart: A minus B = ...; the smallest gap these seeds could call is ...'."""
         if self.n == 0:          # a side with no finished seed: there is no number to show
             return self.words
         unit = f" {self.unit}" if self.unit else ""
-        how = "paired" if self.paired else "unpaired"
-        if math.isnan(self.se):
-            size = f"{self.mean:+.2f}{unit}, no standard error"
-        else:
-            size = f"{self.mean:+.2f} ± {self.se:.2f}{unit}"
-        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
-        return f"{self.words}: {size} ({a} minus {b}, {seeds}, {how})"
+        seeds = (f"{self.n} seed{'s' if self.n != 1 else ''}, "
+                 f"{'paired' if self.paired else 'unpaired'}")
+        a, b, mean = *self.names, self.mean
+        if self.winner is not None and mean < 0:    # the margin positive: B minus A
+            a, b, mean = b, a, -mean
+        spread = ", no standard error" if math.isnan(self.se) else f" ± {self.se:.2f}"
+        if self.winner is not None:
+            return f"{self.winner} ahead by {mean:.2f}{spread}{unit} ({a} minus {b}, {seeds})"
+        text = f"{self.words}: {a} minus {b} = {mean:+.2f}{spread}{unit} ({seeds})"
+        if not math.isnan(self.detectable):
+            text += f"; the smallest gap these seeds could call is {self.detectable:.2f}{unit}"
+        return text
 
 
 def decide(mean: float, se: float, names: tuple[str, str], n: int,
-           lower_is_better: bool = False) -> str:
-    """The rule itself: the words for a mean difference A - B and its standard error."""
+           lower_is_better: bool = False, dof: float | None = None) -> str:
+    """The rule itself: the words for a mean difference A - B, its standard error, and the
+    t distribution's degrees of freedom (default n - 1, the paired case)."""
     if n < 2 or math.isnan(se):
         return f"one seed: {APART}" if n == 1 else f"no seeds: {APART}"
-    if abs(mean) <= Z * se:
+    if abs(mean) <= t_critical(n - 1 if dof is None else dof) * se:
         return APART
     a_larger = mean > 0
     return f"{names[0] if a_larger != lower_is_better else names[1]} ahead"
@@ -110,14 +144,15 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
     diffs = _finite(scale * (a[s] - b[s]) for s in seeds)
     mean, _, se = mean_std_se(diffs)
     words = decide(mean, se, names, len(diffs), lower_is_better)
-    return Verdict(tuple(names), mean, se, len(diffs), True, words, unit)
+    return Verdict(tuple(names), mean, se, len(diffs), True, words, unit, len(diffs) - 1)
 
 
 def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"),
              *, scale: float = 1.0, unit: str = "",
              lower_is_better: bool = False) -> Verdict:
     """A against B when the runs share no seeds: the difference of the means, with Welch's
-    standard error sqrt(sa²/na + sb²/nb). `n` is the smaller side's number of seeds."""
+    standard error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is
+    the smaller side's number of seeds."""
     empty = _no_finished_seed(a, b, names)
     if empty is not None:
         return empty
@@ -126,8 +161,19 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     mb, _, seb = mean_std_se(b)
     n = min(len(a), len(b))
     mean, se = ma - mb, math.hypot(sea, seb)
-    words = decide(mean, se, names, n, lower_is_better)
-    return Verdict(tuple(names), mean, se, n, False, words, unit)
+    dof = _welch_dof(sea, len(a), seb, len(b))
+    words = decide(mean, se, names, n, lower_is_better, dof)
+    return Verdict(tuple(names), mean, se, n, False, words, unit, dof)
+
+
+def _welch_dof(sea: float, na: int, seb: float, nb: int) -> float:
+    """Welch-Satterthwaite: (sa²/na + sb²/nb)² / sum((s²/n)² / (n - 1)); nan below 2 a side."""
+    if min(na, nb) < 2:
+        return math.nan
+    va, vb = sea ** 2, seb ** 2
+    if va + vb == 0:
+        return float(na + nb - 2)
+    return (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
 
 
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
