@@ -1,0 +1,91 @@
+"""Why d2l's 2-GPU run loses accuracy: the chapter's two runs taken apart, seed by seed.
+
+    python tools/record_drop.py --seeds 0,1,2 --out runs/drop_cpu.jsonl
+
+The chapter trains one `net` twice: on 1 GPU at batch B and learning rate lr, then on 2 GPUs at
+2B and 2 lr, reusing the object. Its init re-draws conv and linear weights only, so the second
+run starts with the first run's BatchNorm scales, shifts and running statistics and its biases;
+MXNet's version of the chapter calls `initialize(force_reinit=True)` and starts afresh. Four runs
+per seed, all with the chapter's own code (`chapter.train`), tell the candidate causes apart:
+
+- `first`: the chapter's first call, on a fresh lazy network (its init reaches 2 of 21 layers);
+- `reused`: the chapter's second call on the same object, at 2B and 2 lr;
+- `fresh`: 2B and 2 lr on a fresh network reset as MXNet's `force_reinit` leaves it: every
+  conv and linear weight N(0, 0.01) (the chapter's init, reaching all 21 layers), biases 0,
+  BatchNorm at its defaults;
+- `fresh_small`: the same fresh start at B and lr.
+
+`reused` against `fresh` is the carried-over state; `fresh` against `fresh_small` is doubling
+the batch and the learning rate (half as many steps); `first` against `fresh_small` is the lazy
+layers' partial init. On a CPU, DataParallel is a pass-through: BatchNorm sees the whole batch
+of 2B where two GPUs would each normalize B.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..chapter import lazy_resnet18, train
+from ..data import load_fashion_mnist
+from ..training import record_header
+
+CONDITIONS = ("first", "reused", "fresh", "fresh_small")
+
+
+def reset_like_mxnet(net: nn.Module) -> nn.Module:
+    """Materialize lazy layers (one forward pass, no statistics kept) and zero every bias, so
+    that the chapter's init then leaves the state MXNet's `force_reinit` does."""
+    net.eval()
+    with torch.no_grad():
+        net(torch.zeros(2, 1, 28, 28))
+    for m in net.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+    return net
+
+
+def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: int,
+             train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
+             log: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """The four runs of one seed (CONDITIONS), each a record with its per-epoch test accuracy.
+
+    Args:
+        seed: seeds the weights and the data order (the same images, in the same order, for
+            every run at one batch size).
+        width: the ResNet's width (64: the chapter's); batch_size, lr: the first run's (the
+            second runs use twice both, as the chapter's 2-GPU call does).
+    """
+    device = [torch.device("cpu")]
+    data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
+                                  test_limit=test_limit, seed=seed)
+            for b in (batch_size, 2 * batch_size)}
+    setting = dict(width=width, num_epochs=num_epochs, train_limit=train_limit,
+                   test_limit=test_limit, seed=seed)
+
+    def one(condition: str, net: nn.Module, scale: int) -> dict:
+        train_iter, test_iter = data[scale * batch_size]
+        out = train(net, device, train_iter, test_iter, scale * lr, num_epochs)
+        config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
+        rec = {**record_header(hardware="cpu", profile=None, config=config),
+               "condition": condition, "data_source": train_iter.source, **out}
+        if log is not None:
+            log(f"seed {seed}, {condition}: test acc " +
+                " ".join(f"{a:.3f}" for a in out["test_acc"]))
+        return rec
+
+    torch.manual_seed(seed)
+    net = lazy_resnet18(width=width)
+    records = [one("first", net, 1), one("reused", net, 2)]
+    for condition, scale in (("fresh", 2), ("fresh_small", 1)):
+        torch.manual_seed(seed)
+        records.append(one(condition, reset_like_mxnet(lazy_resnet18(width=width)), scale))
+    return records
+
+
+def late_swing(test_acc: list[float]) -> float:
+    """The largest fall in test accuracy from one epoch to the next over the second half of a
+    run: how far its last epoch can land from its best (0 for a run that only improves)."""
+    half = test_acc[len(test_acc) // 2 - 1:]
+    return max([a - b for a, b in zip(half, half[1:])] + [0.0])

@@ -1,0 +1,56 @@
+"""Record the accuracy-drop experiment (mgpu_lib.lab.drop) on this machine, one seed at a time.
+
+    python tools/record_drop.py --seeds 0,1,2 --out runs/drop_cpu.jsonl
+    python tools/record_drop.py --width 64 --train-limit 0 --seeds 0-4   # the chapter's scale
+
+Each seed's four runs are appended to the store as they finish, so an interrupted run keeps
+what it did and a rerun skips the seeds already stored. The book ships the CPU record as
+mgpu_lib/recorded/drop_cpu.jsonl; tools/gpu_check.py runs the chapter's scale on a GPU.
+"""
+from __future__ import annotations
+
+import sys
+
+from mgpu_lib.book.cli import Parser, argtype
+from mgpu_lib.book.store import append, check_writable, read
+from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
+from mgpu_lib.lab.drop import CONDITIONS, run_seed
+
+
+def seeds(text: str) -> list[int]:
+    """'0,1,2' or '0-4'."""
+    if "-" in text:
+        lo, hi = text.split("-", 1)
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="tools/record_drop.py", description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=seeds, default=[0, 1, 2])
+    p.add_argument("--width", type=argtype(POSITIVE_INT), default=16)
+    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=128,
+                   help="the first run's batch; the second runs use twice it")
+    p.add_argument("--lr", type=argtype(POSITIVE_NUMBER), default=0.1)
+    p.add_argument("--epochs", type=argtype(POSITIVE_INT), default=10)
+    p.add_argument("--train-limit", type=argtype(COUNT), default=10000, help="0: all 60,000")
+    p.add_argument("--test-limit", type=argtype(COUNT), default=2000, help="0: all 10,000")
+    p.add_argument("--out", default="runs/drop_cpu.jsonl")
+    args = p.parse_args(argv)
+    out = check_writable(args.out, store=True)
+    done = {r["config"]["seed"] for r in read(out) if r.get("condition") == CONDITIONS[-1]}
+    for seed in args.seeds:
+        if seed in done:
+            print(f"seed {seed}: stored already", flush=True)
+            continue
+        records = run_seed(seed, width=args.width, batch_size=args.batch_size, lr=args.lr,
+                           num_epochs=args.epochs, train_limit=args.train_limit or None,
+                           test_limit=args.test_limit or None,
+                           log=lambda line: print(line, flush=True))
+        for rec in records:
+            append(out, rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
