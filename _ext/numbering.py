@@ -1,6 +1,6 @@
 """The book's numbering: tables in cell outputs numbered like figures, and the exercises' own.
 
-Tables. `mgpu_lib.tables.Table` renders as a Markdown table followed by its caption in
+Tables. `mgpu_lib.book.tables.Table` renders as a Markdown table followed by its caption in
 italics, which reads well in Jupyter and Colab. In the book, this turns that caption paragraph
 into the table's title and gives the table an id, so Sphinx's numfig numbers it: "Table 3.1".
 Sphinx numbers only captioned tables, so a Table without a caption stays unnumbered. Tables in

@@ -4,6 +4,8 @@
 The planted pages copy the markup that matters of jupyter-book 1.x: an ``article.bd-article``
 column, sections with ``span.section-number`` headings, cells as ``div.cell > div.cell_input /
 div.cell_output``, and each page's source under ``_sources/`` (how check_book finds the pages).
+The sidebar tests copy the theme's toggles and the way pydata-sphinx-theme 0.17.1 binds them
+(the first ``.primary-toggle`` only), with and without the book's _static/sidebar-toggles.js.
 Without Chromium or Playwright every test here is skipped with one line saying so.
 """
 from __future__ import annotations
@@ -83,11 +85,28 @@ def problems(browser, root: Path) -> list[str]:
     return check_layout.check_pages(browser, root, pages)
 
 
+# A display equation as MathJax writes it, `width` px wide; `style` is its box's.
+EQUATION = ('<div class="math notranslate nohighlight"><mjx-container class="MathJax" jax="CHTML" '
+            'display="true" style="display: block; overflow-x: auto; {style}"><span '
+            'style="display: inline-block; width: {width}px">n_i = N s_i / sum_j s_j</span>'
+            '</mjx-container></div>')
+SHADOW = "background: linear-gradient(to left, white, transparent) right / 1rem 100% no-repeat;"
+
+
 def clean_body(root: Path) -> str:
-    """What a good page holds: a scaled-down retina plot, a table, a value shown by a bare name."""
+    """What a good page holds: a scaled-down retina plot, a table, a value shown by a bare name,
+    a captioned figure that links to its file, TeX shown as code, a wide equation that scrolls
+    and shows it, and a long name in inline code that may wrap."""
     src = png(root / "_images" / "plot.png", 1200, 600)
     return "\n".join([
         cell("plot()", f'<img alt="plot" src="{src}" style="width: 600px; height: 300px;" />'),
+        cell("plot()", f'<figure><a class="reference internal image-reference" href="{src}">'
+                       f'<img alt="Accuracy per epoch." src="{src}" /></a>'
+                       '<figcaption>Fig. 1.1 Accuracy per epoch.</figcaption></figure>'),
+        "<p>Typed as <code>\\(N(0, 0.01^2)\\)</code> or <code>$$x$$</code> in Markdown.</p>",
+        EQUATION.format(style=SHADOW, width=560),
+        '<p>The cap is <code class="docutils literal" style="overflow-wrap: anywhere">'
+        f'{"torch.distributed._DEFAULT_FIRST_BUCKET_BYTES" * 2}</code>.</p>',
         cell("Table(...)", '<div class="pst-scrollable-table-container"><table><tr><th>lr</th>'
                            '<th>acc</th></tr><tr><td>50</td><td>diverged</td></tr></table></div>'),
         cell("x = 1\nx", '<div class="output text_plain"><pre>1</pre></div>'),
@@ -124,11 +143,41 @@ def _faults(root: Path) -> list:
         ("heading numbered twice", '<section id="twice"><h2><span class="section-number">1.2. '
                                    '</span>1. A claim</h2></section>',
          "heading numbered twice", "1.2. 1. A claim", {1280, 400}),
+        ("unbreakable name", '<p>The cap is <code class="docutils literal"><span class="pre" '
+                             'style="white-space: nowrap">'
+                             + "torch.distributed.algorithms._DEFAULT_FIRST_BUCKET_BYTES_x2"
+                             + "</span></code>"
+                             "</p>",
+         "page scrolls sideways", "torch.distributed.algorithms", {400}),
+        ("clipped equation", EQUATION.format(style="overflow-x: hidden;", width=560),
+         "display math cut", "and is clipped", {400}),
+        ("equation scrolling unseen", EQUATION.format(style="", width=560),
+         "display math cut", "nothing showing that it does", {400}),
+        ("raw TeX", r"<p>Weights drawn from \(N(0, 0.01^2)\), as MathJax would show them.</p>",
+         "raw TeX", r"\(N(0, 0.01^2)\)", {1280, 400}),
+        ("path as alt text", f'<img alt="../_images/{Path(fixed).name}" src="{fixed}" />',
+         "path as alt text", "fixed.png", {1280, 400}),
+        ("figure without a link", f'<figure><img alt="A plot." src="{fixed}" /><figcaption>Fig. '
+                                  '1.2 A plot.</figcaption></figure>',
+         "figure not linked", "no link to its file", {1280, 400}),
+        ("console error", '<script>console.error("boom: widget state missing")</script>',
+         "console error", "boom: widget state missing", {1280, 400}),
+        ("script included twice", '<script>const THEBE_JS_URL = "x";</script>'
+                                  '<script>const THEBE_JS_URL = "x";</script>',
+         "console error", "THEBE_JS_URL", {1280, 400}),
+        ("script from a CDN", '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/'
+                              'tex-mml-chtml.js"></script>',
+         "request to another host", "cdn.jsdelivr.net", {1280, 400}),
+        ("missing file", '<img alt="gone" src="../_images/gone.png" />',
+         "failed request", "gone.png", {1280, 400}),
     ]
 
 
 FAULT_IDS = ["squashed image", "inline height on a phone", "over-wide table", "over-wide output",
-             "visible nan", "bare name rendering nothing", "heading numbered twice"]
+             "visible nan", "bare name rendering nothing", "heading numbered twice",
+             "unbreakable name", "clipped equation", "equation scrolling unseen", "raw TeX",
+             "path as alt text", "figure without a link", "console error",
+             "script included twice", "script from a CDN", "missing file"]
 
 
 @pytest.mark.parametrize("planted", FAULT_IDS)
@@ -146,6 +195,63 @@ def test_repeated_heading_number_across_pages(browser, tmp_path: Path):
     write_page(tmp_path, "second", clean_body(tmp_path), number=3)
     found = problems(browser, tmp_path)
     assert len(found) == 2 and all("heading number repeated" in p for p in found), found
+
+
+# The theme's sidebar as jupyter-book 1.x writes it: the top bar's toggle first (hidden), the
+# article header's visible one, the <dialog> the sidebar moves into below 992 px; and the way
+# pydata-sphinx-theme 0.17.1 (and sphinx-book-theme 1.3.0 on wide screens) bind the toggle:
+# document.querySelector(".primary-toggle"), the hidden one (pydata-sphinx-theme issue 2451).
+SIDEBAR = """
+<style>#pst-primary-sidebar {{ position: fixed; left: 0; top: 0; width: 240px; }}
+@media (max-width: 991px) {{ #pst-primary-sidebar {{ left: -300px; }} }}
+.pst-sidebar-hidden {{ visibility: hidden; }} .bd-header button {{ display: none; }}</style>
+<header class="bd-header"><button class="sidebar-toggle primary-toggle">top bar</button></header>
+<div class="bd-header-article"><button class="sidebar-toggle primary-toggle"
+  title="Toggle primary sidebar">&#9776;</button></div>
+<dialog id="pst-primary-sidebar-modal"></dialog>
+<div id="pst-primary-sidebar"><nav><ul><li><a href="#part">1. Part</a></li></ul></nav></div>
+<script>{fix}</script>
+<script>
+  const toggle = document.querySelector(".primary-toggle");
+  const dialog = document.getElementById("pst-primary-sidebar-modal");
+  const sidebar = document.getElementById("pst-primary-sidebar");
+  toggle.addEventListener("click", (event) => {{
+    event.preventDefault();
+    event.stopPropagation();
+    if (window.matchMedia("(min-width: 992px)").matches) {{
+      sidebar.classList.toggle("pst-sidebar-hidden");
+    }} else {{
+      Array.from(sidebar.childNodes).forEach((node) => dialog.appendChild(node));
+      dialog.showModal();
+    }}
+  }});
+</script>
+"""
+
+
+def test_sidebar_toggle_bound_by_the_theme_alone_is_reported(browser, tmp_path: Path):
+    write_page(tmp_path, "nav", clean_body(tmp_path) + SIDEBAR.format(fix=""))
+    found = problems(browser, tmp_path)
+    assert len(found) == 3 and all(": sidebar toggle does nothing: " in p for p in found), found
+    assert any("@400" in p and "shows no link" in p for p in found), found
+    assert any("@900" in p and "shows no link" in p for p in found), found
+    assert any("@1280" in p and "does not hide" in p for p in found), found
+
+
+def test_sidebar_toggles_script_opens_the_sidebar(browser, tmp_path: Path):
+    """_static/sidebar-toggles.js makes the visible toggle work at 400, 900 and 1280 px."""
+    fix = (ROOT / "_static" / "sidebar-toggles.js").read_text(encoding="utf-8")
+    write_page(tmp_path, "nav", clean_body(tmp_path) + SIDEBAR.format(fix=fix))
+    assert problems(browser, tmp_path) == []
+
+
+def test_is_local():
+    assert check_layout.is_local("file:///work/_build/html/intro.html")
+    assert check_layout.is_local("data:image/png;base64,iVBORw0KGgo=")
+    assert check_layout.is_local("http://localhost:8000/intro.html")
+    assert check_layout.is_local("http://127.0.0.1/x.js")
+    assert not check_layout.is_local("https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js")
+    assert not check_layout.is_local("https://localhost.example.org/x.js")
 
 
 def test_main_exit_codes(tmp_path: Path, capsys):

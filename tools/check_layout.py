@@ -1,4 +1,4 @@
-"""Check the built book's layout in a real browser, at desktop (1280 px) and phone (400 px) width.
+r"""Check the built book's layout in a real browser, at desktop (1280 px) and phone (400 px) width.
 
     make book && .venv/bin/python tools/check_layout.py [_build/html]
 
@@ -14,7 +14,24 @@ headless Chromium (Debian's ``chromium``, driven by Playwright) and measures wha
 - ``bare name renders nothing``: a code cell whose last line is a bare name (its value is
   the cell's output) and that shows no output;
 - ``heading numbered twice`` / ``heading number repeated``: a heading whose text starts with a
-  number of its own after Sphinx's, or a section number that two headings carry.
+  number of its own after Sphinx's, or a section number that two headings carry;
+- ``page scrolls sideways``: the page is wider than the window (the reader pans the whole page);
+- ``display math cut``: a display equation wider than its box that is clipped, or that scrolls
+  with nothing showing that it does (no scroll shadow: _static/custom.css draws one);
+- ``raw TeX``: TeX source a reader sees outside code (``\(``, ``\[``, ``$$``, ``\begin{``),
+  i.e. math that MathJax did not typeset;
+- ``path as alt text``: an ``img`` whose alt text is a file path (Sphinx's default: one word
+  with a slash, or a name ending in .png, .svg, .jpg ...), which a screen reader reads out;
+- ``figure not linked``: a figure's image not inside a link to its file (the reader's way to
+  see it at full size, and to zoom it on a phone);
+- ``sidebar toggle does nothing`` / ``contents toggle does nothing``: below the theme's
+  breakpoint (992 px: at 400 and at 900, where only this is checked) clicking the visible
+  toggle must show the chapter list (or the page's contents) with a link that can be clicked;
+  at 1280 the sidebar toggle must hide the sidebar and show it again;
+- ``console error``: an error in the console or an uncaught exception;
+- ``request to another host`` / ``failed request``: every request to a host other than
+  file:, data:, blob: and localhost is blocked and reported (the book must work offline, as
+  opened from _build/html), and any local request that fails is reported.
 
 Prints one line per problem, ``PAGE @WIDTH: what: detail``, and exits 1 if there are any, 0 if
 none, 2 if the build or the browser is missing. Chromium: MGPU_CHROMIUM, else /usr/bin/chromium,
@@ -29,12 +46,17 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_book import toc_pages  # noqa: E402  (tools/ is not a package)
 
 WIDTHS = (1280, 400)
+TOGGLE_WIDTHS = (900,)  # a tablet, a narrow window: there only the sidebar toggles are clicked
 ASPECT_TOLERANCE = 0.05
+NAV_BREAKPOINT = 992  # below it pydata-sphinx-theme moves both sidebars behind their toggles
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]"}
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOAD_TIMEOUT_MS = 30_000
@@ -72,12 +94,66 @@ def browser() -> Iterator:
             b.close()
 
 
-def open_page(b, page: Path, width: int):
-    """A tab at `width` CSS px (a phone below 800) with `page` loaded and laid out."""
+def is_local(url: str) -> bool:
+    """A URL the built book may load: a file of the build, data:, blob:, or localhost."""
+    if url.startswith(LOCAL_SCHEMES):
+        return True
+    try:
+        host = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    except ValueError:
+        return False
+    return (host if host.startswith("[") else host.split(":")[0]) in LOCAL_HOSTS
+
+
+# Resolves once MathJax has typeset the page (at once where MathJax did not load).
+MATHJAX_DONE = """() => {
+  const mj = window.MathJax;
+  return mj && mj.startup && mj.startup.promise ? mj.startup.promise.then(() => true) : false;
+}"""
+
+
+def open_page(b, page: Path, width: int, log: dict | None = None):
+    """A tab at `width` CSS px (a phone below 800) with `page` loaded, typeset and laid out.
+
+    Every request to another host is blocked (the book must work offline). Given `log`, it
+    collects {"errors": console errors and uncaught exceptions, "blocked": URLs of requests to
+    other hosts, "failed": [url, reason] of local requests that failed}.
+    """
+    log = {} if log is None else log
+    for key in ("errors", "blocked", "failed"):
+        log.setdefault(key, [])
     tab = b.new_page(viewport={"width": width, "height": 900}, device_scale_factor=1,
                      is_mobile=width < 800, has_touch=width < 800)
+
+    def route(r):
+        if is_local(r.request.url):
+            r.continue_()
+        else:
+            log["blocked"].append(r.request.url)
+            r.abort("blockedbyclient")
+
+    def console(msg):
+        # a failed load is reported with its URL (blocked or failed), not as its console line
+        if msg.type == "error" and not msg.text.startswith("Failed to load resource"):
+            log["errors"].append(msg.text)
+
+    def failed(req):
+        if is_local(req.url):
+            log["failed"].append([req.url, req.failure or "failed"])
+
+    def response(resp):
+        if resp.status >= 400:
+            log["failed"].append([resp.url, f"HTTP {resp.status}"])
+
+    tab.route("**/*", route)
+    tab.on("console", console)
+    tab.on("pageerror", lambda err: log["errors"].append(f"uncaught {err}"))
+    tab.on("requestfailed", failed)
+    tab.on("response", response)
     tab.goto(page.resolve().as_uri(), wait_until="load", timeout=LOAD_TIMEOUT_MS)
     tab.evaluate("document.fonts.ready")
+    tab.evaluate(MATHJAX_DONE)
+    tab.evaluate("document.fonts.ready")  # MathJax's own fonts
     return tab
 
 
@@ -155,6 +231,68 @@ MEASURE = r"""
     if (!visible) found.push(['bare name renders nothing', where(cell), `'${last}'`]);
   }
 
+  // the page wider than the window: the reader pans the whole page sideways
+  const pageWidth = document.documentElement.scrollWidth;
+  if (pageWidth > opts.width + 1) {
+    const clipped = el => { for (let a = el.parentElement; a && a !== document.body;
+                                 a = a.parentElement)
+                              if (getComputedStyle(a).overflowX !== 'visible') return true;
+                            return false; };
+    let widest = null, right = opts.width;
+    for (const el of document.body.querySelectorAll('*')) {
+      // the innermost element that sticks out of the window, not inside a box that scrolls
+      if (!shown(el) || el.children.length || clipped(el)) continue;
+      const r = el.getBoundingClientRect().right + window.scrollX;
+      if (r > right + 1) { right = r; widest = el; }
+    }
+    found.push(['page scrolls sideways', widest ? where(widest) : 'top',
+      `the page is ${pageWidth} px wide in a ${opts.width} px window`
+      + (widest ? `: <${widest.tagName.toLowerCase()}> '${short(widest.innerText || '')
+                     .slice(0, 50)}' ends at ${Math.round(right)} px` : '')]);
+  }
+
+  // display math wider than its box: clipped, or scrolling with no sign of it
+  for (const el of art.querySelectorAll('mjx-container[display="true"], div.math')) {
+    if (!shown(el)) continue;
+    const over = el.scrollWidth - el.clientWidth;
+    if (over <= 1) continue;
+    const cs = getComputedStyle(el);
+    const scrolls = /auto|scroll/.test(cs.overflowX);
+    if (scrolls && /gradient/.test(cs.backgroundImage)) continue;
+    found.push(['display math cut', where(el), `'${short(el.textContent).slice(0, 40)}' is `
+      + `${over} px wider than its ${el.clientWidth} px box`
+      + (scrolls ? ', which scrolls with nothing showing that it does' : ' and is clipped')]);
+  }
+
+  // TeX source that MathJax did not typeset (code may show TeX as code)
+  const tex = /\\\(|\\\[|\$\$|\\begin\{/;
+  const texWalker = document.createTreeWalker(art, NodeFilter.SHOW_TEXT);
+  for (let n = texWalker.nextNode(); n; n = texWalker.nextNode()) {
+    if (!tex.test(n.data)) continue;
+    const el = n.parentElement;
+    if (!el || !shown(el)) continue;
+    if (el.closest('code, pre, kbd, samp, script, style, textarea, div.highlight, '
+                   + 'div.cell_input, mjx-container')) continue;
+    const at = n.data.search(tex);
+    found.push(['raw TeX', where(el), `'${short(n.data.slice(Math.max(0, at - 10)))}'`]);
+  }
+
+  // alt text that is a path, which a screen reader reads out; figures open at full size
+  const file = s => (s || '').split(/[?#]/)[0];
+  for (const img of document.querySelectorAll('img')) {
+    const alt = (img.getAttribute('alt') || '').trim();
+    if (/^\S*\/\S*$/.test(alt) || /\.(png|svg|jpe?g|gif|webp)$/i.test(alt))
+      found.push(['path as alt text', where(img), `'${alt.length > 50 ? '...' + alt.slice(-47)
+                                                                       : alt}'`]);
+  }
+  for (const img of art.querySelectorAll('figure img, div.figure img')) {
+    const a = img.closest('a[href]');
+    if (!a || file(a.href) !== file(img.src))
+      found.push(['figure not linked', where(img),
+                  `${file(img.getAttribute('src')).split('/').pop().slice(0, 16)}: `
+                  + (a ? `links to ${file(a.getAttribute('href'))}` : 'no link to its file')]);
+  }
+
   const headings = [];
   for (const h of art.querySelectorAll('h1, h2, h3, h4')) {
     const num = h.querySelector('span.section-number');
@@ -172,7 +310,78 @@ MEASURE = r"""
 def measure(tab, width: int) -> dict:
     """Run MEASURE on a loaded tab; widths of tables and outputs are checked at 1280 only."""
     return tab.evaluate(MEASURE, {"tolerance": ASPECT_TOLERANCE, "columns": width >= 1280,
-                                  "twice": TWICE.pattern})
+                                  "twice": TWICE.pattern, "width": width})
+
+
+# Where a sidebar's navigation is: in the theme's <dialog> once a toggle moved it there (narrow
+# windows), else in the sidebar itself. Returns the text of the first link of its <nav> (the
+# chapter list, the page's contents) that a click would reach, or null.
+REACHABLE_LINK = """(ids) => {
+  for (const id of ids) {
+    const box = document.getElementById(id);
+    if (!box) continue;
+    for (const a of box.querySelectorAll('nav a[href]')) {
+      const r = a.getBoundingClientRect();
+      if (r.width < 2 || r.height < 2) continue;
+      const x = r.left + Math.min(r.width / 2, 20), y = r.top + r.height / 2;
+      if (x < 0 || y < 0 || x >= window.innerWidth || y >= window.innerHeight) continue;
+      const hit = document.elementFromPoint(x, y);
+      if (hit && (hit === a || a.contains(hit))) return a.innerText.trim() || a.href;
+    }
+  }
+  return null;
+}"""
+CLOSE_DIALOGS = "() => { for (const d of document.querySelectorAll('dialog[open]')) d.close(); }"
+SIDEBARS = {"primary": ["pst-primary-sidebar-modal", "pst-primary-sidebar"],
+            "secondary": ["pst-secondary-sidebar-modal", "pst-secondary-sidebar"]}
+TOGGLE_NAMES = {"primary": "sidebar toggle", "secondary": "contents toggle"}
+
+
+def check_toggles(tab, width: int) -> list[list[str]]:
+    """Click the visible sidebar toggles as a reader would: [rule, where, detail] for each that
+    does nothing. Pages without the theme's sidebar (planted test pages) have nothing to check.
+    """
+    if not tab.evaluate("!!document.getElementById('pst-primary-sidebar')"):
+        return []
+    found = []
+    kinds = ("primary", "secondary") if width < NAV_BREAKPOINT else ("primary",)
+    for kind in kinds:
+        rule = f"{TOGGLE_NAMES[kind]} does nothing"
+        button = tab.locator(f".{kind}-toggle:visible").first
+        if not button.count():
+            if kind == "primary":
+                found.append([rule, "top", "no visible .primary-toggle button"])
+            continue  # a page without sections has no contents toggle
+        tab.evaluate(CLOSE_DIALOGS)
+        before = tab.evaluate(REACHABLE_LINK, SIDEBARS[kind])
+        button.click(timeout=5_000)
+        tab.wait_for_timeout(400)  # the theme's transitions take 0.25 s
+        after = tab.evaluate(REACHABLE_LINK, SIDEBARS[kind])
+        if width < NAV_BREAKPOINT and after is None:
+            found.append([rule, "top", f"at {width} px clicking it shows no link that can be "
+                                       "clicked"])
+        elif width >= NAV_BREAKPOINT and (before is None or after is not None):
+            found.append([rule, "top", f"at {width} px clicking it does not hide the sidebar"
+                          if before else f"at {width} px the sidebar shows no link to click"])
+        elif width >= NAV_BREAKPOINT:
+            button.click(timeout=5_000)
+            tab.wait_for_timeout(400)
+            if tab.evaluate(REACHABLE_LINK, SIDEBARS[kind]) is None:
+                found.append([rule, "top", f"at {width} px a second click does not show the "
+                                           "sidebar again"])
+        tab.evaluate(CLOSE_DIALOGS)
+    return found
+
+
+def logged(log: dict) -> list[list[str]]:
+    """A page's console errors, blocked and failed requests: [rule, where, detail]."""
+    found = [["console error", "console", " ".join(e.split())[:160]]
+             for e in dict.fromkeys(log["errors"])]
+    found += [["request to another host", "network", url[:120]]
+              for url in dict.fromkeys(log["blocked"])]
+    found += [["failed request", "network", f"{url[:120]} ({why})"]
+              for url, why in dict.fromkeys(tuple(f) for f in log["failed"])]
+    return found
 
 
 def repeated_numbers(headings: dict[str, list]) -> list[str]:
@@ -197,14 +406,23 @@ def check_pages(b, build_root: Path, pages: list[Path]) -> list[str]:
     for page in pages:
         name = page.relative_to(build_root).as_posix()
         for width in WIDTHS:
-            tab = open_page(b, page, width)
+            log: dict = {}
+            tab = open_page(b, page, width, log)
             try:
                 result = measure(tab, width)
+                found = result["found"] + check_toggles(tab, width)
             finally:
                 tab.close()
             problems += [f"{name} @{width}: {rule}: {at}: {detail}"
-                         for rule, at, detail in result["found"]]
+                         for rule, at, detail in found + logged(log)]
             headings.setdefault(name, result["headings"])
+        for width in TOGGLE_WIDTHS:
+            tab = open_page(b, page, width)
+            try:
+                found = check_toggles(tab, width)
+            finally:
+                tab.close()
+            problems += [f"{name} @{width}: {rule}: {at}: {detail}" for rule, at, detail in found]
     return problems + repeated_numbers(headings)
 
 
