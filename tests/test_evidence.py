@@ -1,5 +1,6 @@
 """The model against the published runs: the fit recovers what made the data, every held-out
 figure is predicted by a fit that never saw it, and bands decide only what they can."""
+import re
 from dataclasses import replace
 
 import pytest
@@ -8,98 +9,161 @@ from mgpu_lib.perf import evidence, published
 from mgpu_lib.perf.published import PublishedRun
 from mgpu_lib.perf.scaling import DEVICES, Overheads
 
-V100, G4090 = DEVICES["V100 SXM2"], DEVICES["RTX 4090"]
+V100, G4090, K80 = DEVICES["V100 SXM2"], DEVICES["RTX 4090"], DEVICES["K80 (one GK210 die)"]
+V100_NAME = "Tesla V100-SXM2-16GB"
 
 
-def _synthetic(mfu: dict, thread_s: float) -> list[PublishedRun]:
-    """Rows whose figures the model itself made, at known mfu and thread_s (two runs per GPU:
-    a held-out 1-GPU line is predicted from its GPU's other run)."""
+def _synthetic(efficiency: dict, thread_s: dict) -> list[PublishedRun]:
+    """Rows whose figures the model itself made, at known efficiency and thread_s per GPU
+    (two runs per GPU: a held-out 1-GPU line is predicted from its GPU's other run)."""
     rows = []
-    for gpu, p2p, size in (("Tesla V100-SXM2-16GB", None, 28), ("Tesla V100-SXM2-16GB", None, 64),
+    for gpu, p2p, size in ((V100_NAME, None, 28), (V100_NAME, None, 64),
                            ("RTX 4090", False, 28), ("RTX 4090", False, 64)):
         for n, b in ((1, 256), (2, 512)):
             r = PublishedRun(run=f"{gpu} {size}", label="t", framework="pytorch", n_gpus=n,
                              batch=b, lr=0.1, sec_per_epoch=1.0, test_acc=None, gpu=gpu,
-                             interconnect=None, p2p=p2p, image_size=size)
-            spec = DEVICES["V100 SXM2"] if "V100" in gpu else G4090
-            o = Overheads(mfu=mfu[spec.name], thread_s=thread_s)
+                             interconnect=None, p2p=p2p, image_size=size, repo=gpu)
+            spec = V100 if "V100" in gpu else G4090
+            o = Overheads(efficiency=efficiency[spec.name], thread_s=thread_s[spec.name])
             rows.append(replace(r, sec_per_epoch=evidence.row_seconds(
                 r, spec, evidence.link_for(r), o)))
     return rows
 
 
-def test_fit_recovers_the_overheads_that_made_the_figures():
-    rows = _synthetic({"V100 SXM2": 0.7, "RTX 4090": 0.3}, 4e-3)
+def test_fit_recovers_each_gpu_class_on_its_own():
+    """Before: DataParallel's Python was one pooled figure over every GPU class."""
+    rows = _synthetic({"V100 SXM2": 0.7, "RTX 4090": 0.3}, {"V100 SXM2": 4e-3, "RTX 4090": 1e-3})
     f = evidence.fit(rows)
-    assert f.mfu["V100 SXM2"] == pytest.approx((0.7, 0.7, 0.7), rel=1e-4)
-    assert f.mfu["RTX 4090"] == pytest.approx((0.3, 0.3, 0.3), rel=1e-4)
-    assert f.thread_s == pytest.approx((4e-3, 4e-3, 4e-3), rel=1e-3)
+    assert f.efficiency["V100 SXM2"] == pytest.approx((0.7, 0.7, 0.7), rel=1e-4)
+    assert f.efficiency["RTX 4090"] == pytest.approx((0.3, 0.3, 0.3), rel=1e-4)
+    assert f.thread_s["V100 SXM2"] == pytest.approx((4e-3,) * 3, rel=1e-3)
+    assert f.thread_s["RTX 4090"] == pytest.approx((1e-3,) * 3, rel=1e-3)
     assert all(abs(h["error"]) < 1e-3 for h in evidence.held_out(rows))
 
 
+def test_a_class_clamped_at_zero_does_not_pull_another_down():
+    """The RTX 4090 rows can only be fitted with thread_s clamped at 0; pooled, that halved
+    the V100's figure and every V100 2-GPU prediction came out too fast."""
+    rows = _synthetic({"V100 SXM2": 0.7, "RTX 4090": 0.3}, {"V100 SXM2": 5e-3, "RTX 4090": 0.0})
+    rows = [replace(r, sec_per_epoch=r.sec_per_epoch * 0.9) if "4090" in r.run and r.n_gpus == 2
+            else r for r in rows]                      # faster than any thread_s >= 0 explains
+    f = evidence.fit(rows)
+    assert f.thread_s["RTX 4090"][2] < 1e-9
+    assert f.thread_s["V100 SXM2"] == pytest.approx((5e-3,) * 3, rel=1e-3)
+
+
 def test_held_out_errors_show_a_figure_the_others_disagree_with():
-    rows = _synthetic({"V100 SXM2": 0.7, "RTX 4090": 0.3}, 4e-3)
+    rows = _synthetic({"V100 SXM2": 0.7, "RTX 4090": 0.3}, {"V100 SXM2": 4e-3, "RTX 4090": 4e-3})
     rows[5] = replace(rows[5], sec_per_epoch=rows[5].sec_per_epoch * 1.5)  # 4090 28 px, 2 GPUs
     errors = {(h["run"], h["n_gpus"]): h["error"] for h in evidence.held_out(rows)}
     assert errors[("RTX 4090 28", 2)] < -0.2          # predicted well below the inflated figure
-    assert evidence.fit(rows).thread_s[2] > 4e-3      # and the band widens to hold it
+    assert evidence.fit(rows).thread_s["RTX 4090"][2] > 4e-3     # and the band widens to hold it
+
+
+def test_every_v100_build_held_out_is_within_10_percent_given_its_own_one_gpu_line():
+    """Issue 30: fitted on 3 of 49 builds with a pooled DataParallel cost, 18 of 46 2-GPU
+    lines missed by more than 11%, all too fast. Each build left out in turn here."""
+    rows = evidence.conditioned_errors("V100 SXM2")
+    assert len(rows) == len(published.builds("pytorch")) >= 40
+    assert max(abs(r["error"]) for r in rows) < 0.10, rows
+    assert all(r["low_s"] <= r["predicted_s"] <= r["high_s"] for r in rows)
+    assert {r["repo"] for r in rows} == {b.repo for b in published.builds("pytorch")}
+
+
+def test_each_source_held_out_whole_is_predicted_by_the_others():
+    rows = evidence.held_out_sources()
+    assert len(rows) == len(evidence.held_out())                 # every PyTorch line once
+    repos = {r["repo"] for r in rows}
+    assert {"d2l-ai/d2l-pytorch-colab", "d2l-ai/d2l-zh-pytorch-colab", "smolix/d2l-neu"} <= repos
+    for repo in ("d2l-ai/d2l-pytorch-colab", "d2l-ai/d2l-zh-pytorch-colab"):
+        two = [r for r in rows if r["repo"] == repo and r["n_gpus"] == 2]
+        assert max(abs(r["error"]) for r in two) < 0.10          # the other repository's fit
+    # d2l-neu is the only RTX 4090 source: held out, its GPU is lent the V100's band
+    neu = [r for r in rows if r["repo"] == "smolix/d2l-neu" and r["n_gpus"] == 1]
+    assert not any(r["inside"] for r in neu)
 
 
 def test_every_published_direction_with_named_hardware_is_reproduced():
     rows = evidence.directions()
-    assert {r["run"] for r in rows} >= {"d2l-en 2023-08", "d2l-neu 28px"}
-    assert all(r["agree"] for r in rows), rows
+    assert {r["run"] for r in rows} >= {"d2l-pytorch-colab f854371", "d2l-neu 28px"}
+    assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
     neu = next(r for r in rows if r["run"] == "d2l-neu 28px")
     assert neu["published"] < 1 and neu["predicted"] < 1       # DataParallel slower on 2 4090s
 
 
-def test_held_out_covers_every_line_that_names_its_gpu():
-    named = [r for r in published.runs() if r.gpu]
+def test_held_out_covers_every_pytorch_line_that_names_its_gpu():
+    named = [r for r in published.runs("pytorch") if r.gpu]
     assert len(evidence.held_out()) == len(named)
     assert all(h["predicted_s"] > 0 for h in evidence.held_out())
 
 
 def test_runs_without_hardware_are_ranges_not_fits():
     out = {u["run"]: u for u in evidence.unknown_hardware()}
-    assert set(out) == {p[0].run for p in published.pairs() if p[0].gpu is None}
+    assert set(out) == {p[0].run for p in published.pairs(published.runs("pytorch"))
+                        if p[0].gpu is None} == {"study notes"}
     for u in out.values():
         assert u["one_gpu"][0] < u["one_gpu"][1] and u["two_gpus"][0] < u["two_gpus"][1]
         assert set(u["consistent"]) <= set(DEVICES)
-    newer = {n for n, s in DEVICES.items() if s.released > 2019}   # after d2l's 2019 course
-    assert not newer & set(out["d2l 1-day course"]["consistent"])
-    assert out["d2l 1-day course"]["one_gpu"][0] > out["study notes"]["one_gpu"][0]
 
 
-def test_a_verdict_that_flips_inside_the_band_is_undecided():
-    f = evidence.Fit({"V100 SXM2": (0.5, 0.6, 0.7)}, (0.0, 0.01, 0.05), Overheads(), {})
-    flips = evidence.compare(lambda o: o.thread_s * 10, lambda o: 0.1, V100, ("A", "B"), f)
-    assert flips == evidence.UNDECIDED
+def test_overlapping_bands_are_undecided_even_where_every_corner_agrees():
+    """Before: A was 'faster' where A < B at each corner of the fit, though B's band reached
+    below A's."""
+    f = evidence.Fit({"V100 SXM2": (0.5, 0.6, 0.7)}, {"V100 SXM2": (0.0, 0.01, 0.05)},
+                     Overheads(), {})
+    a, b = (lambda o: o.thread_s * 10), (lambda o: o.thread_s * 10 + 0.01)
+    assert evidence.compare(a, b, V100, ("A", "B"), f) == evidence.UNDECIDED
     assert evidence.compare(lambda o: o.thread_s, lambda o: 1.0, V100, ("A", "B"), f) == "A faster"
     assert evidence.compare(lambda o: 1.0, lambda o: o.thread_s, V100, ("A", "B"), f) == "B faster"
-    tie = evidence.compare(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f)
-    assert tie == evidence.UNDECIDED                   # a tie is no one's win
-    lo, mid, hi = evidence.band(lambda o: o.thread_s / o.mfu, V100, f)
+    assert evidence.compare(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f) == evidence.UNDECIDED
+    lo, mid, hi = evidence.band(lambda o: o.thread_s / o.efficiency, V100, f)
     assert lo == 0.0 and mid == pytest.approx(0.01 / 0.6) and hi == pytest.approx(0.05 / 0.5)
 
 
-def test_a_gpu_no_run_names_gets_the_range_of_every_fitted_gpu():
+def test_a_gpu_no_run_names_gets_every_fitted_range_and_says_it_is_wide():
     f = evidence.Fit({"V100 SXM2": (0.7, 0.8, 0.9), "RTX 4090": (0.2, 0.3, 0.4)},
-                     (0.0, 0.0, 0.0), Overheads(), {})
-    lo, _, hi = f.mfu_of(DEVICES["K80 (one GK210 die)"])
-    assert (lo, hi) == (0.2, 0.9)
+                     {"V100 SXM2": (1e-3, 2e-3, 3e-3), "RTX 4090": (0.0, 0.0, 0.0)},
+                     Overheads(), {}, {"V100 SXM2": 5, "RTX 4090": 3})
+    lo, _, hi = f.efficiency_of(K80)
+    assert (lo, hi) == (0.2, 0.9) and f.lent(K80) and not f.lent(V100)
+    assert "no published run" in f.basis(K80) and "wide" in f.basis(K80)
+    assert f.basis(V100) == "fitted to 5 published V100 SXM2 runs"
+    assert f.thread_of(K80) == (0.0, pytest.approx(1e-3), 3e-3)
+
+
+def test_the_builds_file_holds_d2ls_builds_each_with_its_commit():
+    """Issue 30: at least 40 PyTorch and 40 MXNet builds, each with repository and commit,
+    and the CSV the one source of d2l's builds (no hand-typed d2l-en rows beside it)."""
+    for framework in ("pytorch", "mxnet"):
+        rows = published.builds(framework)
+        assert len(rows) >= 40
+        for b in rows:
+            assert re.fullmatch(r"[0-9a-f]{40}", b.commit) and b.repo.startswith("d2l-ai/")
+            assert b.source == (f"https://github.com/{b.repo}/blob/{b.commit}/"
+                                f"{b.notebook_path}")
+            assert isinstance(b.sec_per_epoch_1, float) and isinstance(b.batch_2, int)
+    colab = [r for r in published.runs() if r.repo.startswith("d2l-ai/d2l-")]
+    assert len(colab) == 2 * len(published.builds())
+    assert published.pair("d2l-pytorch-colab f854371")[0].sec_per_epoch == 12.2
 
 
 def test_published_rows_say_where_they_come_from_and_guess_nothing():
     for r in published.runs():
-        assert r.source
+        assert r.source and r.repo
         if r.run != "study notes":             # a reprint that gives no address
             assert r.source.startswith("https://github.com/")
         if r.gpu is None:
             assert r.interconnect is None and r.p2p is None and r.hardware_source is None
-    assert published.pair("d2l-en 2023-08")[0].sec_per_epoch == 12.2
     assert published.speedup("d2l-neu 28px") < 1 < published.speedup("study notes")
     with pytest.raises(KeyError):
         published.pair("nope")
+
+
+def test_the_one_day_course_names_its_gpus():
+    """Before: 'the GPU is not named'; the same commit prints nvidia-smi with 4 V100-SXM2."""
+    one, two = published.pair("d2l 1-day course")
+    assert "V100-SXM2" in one.gpu and "1-use-gpu.ipynb" in one.hardware_source
+    assert one.framework == "mxnet" and one.run not in {h["run"] for h in evidence.held_out()}
 
 
 def test_check_on_runs_predicts_each_batch_without_seeing_it():

@@ -2,8 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib.model import (Residual, block_shapes, forward_flops,
-                            init_weights, num_params, resnet18, train_flops)
+from mgpu_lib.model import (Residual, block_shapes, check_width, forward_flops, init_weights,
+                            num_params, resnet18, resnet18_flops, resnet18_params,
+                            train_bytes, train_flops)
 
 
 def test_block_shapes_match_the_chapter():
@@ -88,3 +89,54 @@ def test_flop_counter_agrees_with_the_hand_count(width):
 def test_forward_flops_scale_with_width():
     # Width scales FLOPs quadratically (except the 1-channel stem and the fc layer).
     assert 14 < forward_flops(resnet18()) / forward_flops(resnet18(width=16)) < 17
+
+
+@pytest.mark.parametrize("width,size", [(1, 28), (8, 28), (16, 64), (64, 28), (64, 64), (5, 32)])
+def test_flops_and_parameters_are_computed_without_building_the_network(width, size):
+    """Issue 33: the planner built the network to count it (24 GB at width 2000). The counts
+    are now arithmetic on the widths, equal to FlopCounterMode's and num_params at any width."""
+    net = resnet18(width=width)
+    assert resnet18_params(width) == num_params(net)
+    assert resnet18_flops(width, size) == forward_flops(net, (1, 1, size, size))
+    assert resnet18_flops(width, size, train=True) == train_flops(net, (1, 1, size, size))
+
+
+def test_a_width_the_machine_cannot_hold_is_refused_in_one_line_before_allocating():
+    assert resnet18_params(10 ** 23) > 10 ** 46                    # arithmetic, no tensors
+    check_width(64, 256, available=2 * 10 ** 9)                    # the chapter's: 1.6 GB
+    for width in (2000, 100_000, 10 ** 23):
+        with pytest.raises(ValueError) as e:
+            check_width(width, 256, available=16 * 10 ** 9)
+        assert "\n" not in str(e.value) and "the widest that fits is" in str(e.value)
+    widest = int(str(e.value).rsplit(" ", 1)[1])
+    assert train_bytes(widest, 256) <= 16 * 10 ** 9 < train_bytes(widest + 1, 256)
+    check_width(widest, 512, devices=2, available=16 * 10 ** 9)    # DataParallel halves it
+
+
+@pytest.mark.parametrize("argv", [["train", "--width", "100000"],
+                                  ["train", "--width", "1" + "0" * 23],
+                                  ["sweep", "--vary", "width=100000", "--yes",
+                                   "--store", "never-written.jsonl"]])
+def test_the_command_line_refuses_a_width_in_one_line(argv, capsys, tmp_path, monkeypatch):
+    from mgpu_lib.book.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(argv + ["--profile", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the widest that fits is" in err
+    assert not (tmp_path / "never-written.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_wide_sweep_plans_or_refuses_within_seconds_in_4_gb(tmp_path):
+    """Issue 33: `sweep --profile full --vary width=2000` allocated ~24 GB and was killed by
+    the OOM killer after 67 s with no plan printed."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("bash") is None or sys.platform != "linux":
+        pytest.skip("ulimit -v is a Linux shell's")
+    cmd = (f"ulimit -v 4000000; exec {sys.executable} -m mgpu_lib sweep --profile full "
+           f"--vary width=2000 --store {tmp_path / 's.jsonl'} --yes")
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout.startswith("plan: 3 points")
+    assert len(done.stderr.strip().splitlines()) == 1 and "widest that fits" in done.stderr

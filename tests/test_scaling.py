@@ -4,12 +4,15 @@ from dataclasses import replace
 
 import pytest
 
+from mgpu_lib.perf import evidence
 from mgpu_lib.perf.evidence import (Calibration, calibrate, calibrated_overheads, cpu_spec,
-                               leave_one_out)
-from mgpu_lib.perf.runtime import StepModel, step_seconds, workload
-from mgpu_lib.perf.scaling import (DEVICES, LINKS, RESNET18, LinkSpec, Overheads, allreduce_bytes,
-                              dp_python_s, loader_rate, predict_epoch_time, predict_step_time,
-                              ring_allreduce_s, scaling_efficiency, scaling_table, spec_for_name)
+                                    leave_one_out)
+from mgpu_lib.perf.runtime import Job, StepModel, gpu_band, step_seconds, workload
+from mgpu_lib.perf.scaling import (DEVICES, LINKS, NO_P2P, RESNET18, LinkSpec, Overheads,
+                                   allreduce_bytes, conv_peak_tflops, dp_python_s, loader_rate,
+                                   pair_link, predict_epoch_time, predict_step_time,
+                                   ring_allreduce_s, scaling_efficiency, scaling_table,
+                                   spec_for_name)
 
 K80 = DEVICES["K80 (one GK210 die)"]
 PCIE3 = LINKS["PCIe gen3 x16"]
@@ -32,7 +35,7 @@ def test_ring_allreduce_45mb_8_devices_16gbs_is_4_9_ms():
 
 
 def test_ddp_step_hand_computed():
-    o = Overheads(mfu=0.4, half_batch=16, step_s=2e-3, overlap=0.0)
+    o = Overheads(efficiency=0.4, half_batch=16, step_s=2e-3, overlap=0.0)
     t = predict_step_time(8, 256, K80, NO_LATENCY, "ddp", overheads=o)
     rate = 4.37e12 * 0.4 / (3 * 0.9116e9)                 # 639.2 images/s per die
     assert t.compute == pytest.approx((32 + 16) / rate)    # 75.1 ms for 32 images
@@ -164,7 +167,7 @@ def test_a_calibration_carries_every_per_step_cost_in_its_intercept():
 def test_cpu_spec_reproduces_its_calibration():
     cal = Calibration(images_per_second=400.0, step_s=0.0, rms_error_s=0.0)
     spec = cpu_spec(cal, "test CPU")
-    o = Overheads(mfu=1.0, half_batch=0, step_s=0.0, optimizer_passes=0)
+    o = Overheads(efficiency=1.0, half_batch=0, step_s=0.0, optimizer_passes=0)
     t = predict_step_time(1, 128, spec, PCIE3, overheads=o)
     assert t.total == pytest.approx(128 / 400)
 
@@ -207,15 +210,15 @@ def test_dataparallel_python_grows_with_tensors_and_devices():
 def test_without_p2p_dataparallel_on_two_4090s_is_slower_than_one():
     """d2l-neu's box: the copies go through host memory at a couple of GB/s, and 2 GPUs lose;
     the same GPUs over NVLink would win."""
-    g4090, staged = DEVICES["RTX 4090"], LINKS["PCIe, no P2P (staged through host)"]
+    g4090, staged = DEVICES["RTX 4090"], LINKS[NO_P2P]
     one = predict_epoch_time(1, 256, 60_000, g4090, staged, "dp")
     two = predict_epoch_time(2, 512, 60_000, g4090, staged, "dp")
-    nvlink = predict_epoch_time(2, 512, 60_000, g4090, LINKS["NVLink 2 (V100)"], "dp")
+    nvlink = predict_epoch_time(2, 512, 60_000, g4090, pair_link(g4090, topo="NV4"), "dp")
     assert two > one > nvlink
 
 
 def test_the_loader_bounds_an_epoch_and_never_shortens_it():
-    h200, nv = DEVICES["H200 SXM"], LINKS["NVLink 4 (H100/H200)"]
+    h200, nv = DEVICES["H200 SXM"], LINKS["NVLink 4 (H100/H200, NVSwitch)"]
     free = predict_epoch_time(2, 512, 60_000, h200, nv, "dp")
     slow = predict_epoch_time(2, 512, 60_000, h200, nv, "dp", loader_images_per_s=1000.0)
     fast = predict_epoch_time(2, 512, 60_000, h200, nv, "dp", loader_images_per_s=1e9)
@@ -251,3 +254,47 @@ def test_a_cpu_before_it_is_measured_is_the_slowest_recorded_one_scaled_by_flops
     assert recorded_cpu(rates, 16, threads=8).images_per_second == pytest.approx(
         4 * recorded_cpu(rates, 16).images_per_second)
     assert recorded_cpu(rates, 16).step_s == 0.0
+
+
+def epoch_s(spec, n: int, batch: int) -> float:
+    """The pages' predictor (`runtime.step_seconds`) for one epoch of Fashion-MNIST."""
+    full, rest = divmod(60_000, batch)
+    return full * step_seconds(spec, batch, devices=n) + (
+        step_seconds(spec, rest, devices=n) if rest else 0.0)
+
+
+def test_runtime_and_evidence_take_one_link_and_agree_on_the_direction():
+    """Before: `runtime` put every multi-GPU job on PCIe gen3, so it had 2 RTX 4090s beat 1
+    (5.3 against 7.1 s/epoch) while `evidence`, over the staged link, had them lose."""
+    g4090, v100 = DEVICES["RTX 4090"], DEVICES["V100 SXM2"]
+    assert pair_link(g4090).name == NO_P2P and pair_link(v100).gbs == 25.0
+    assert epoch_s(g4090, 2, 512) > epoch_s(g4090, 1, 256)       # DataParallel loses
+    assert epoch_s(v100, 2, 512) < epoch_s(v100, 1, 256)         # and wins on NVLink
+    for spec in (g4090, v100):        # evidence's middle goes the same way as runtime's
+        two, one = (evidence.band(evidence.epoch_time(n, b, spec), spec)[1]
+                    for n, b in ((2, 512), (1, 256)))
+        assert (two > one) == (epoch_s(spec, 2, 512) > epoch_s(spec, 1, 256))
+    assert evidence.compare(evidence.epoch_time(2, 512, v100), evidence.epoch_time(
+        1, 256, v100), v100, ("2 GPUs", "1 GPU")) == "2 GPUs faster"    # bands apart
+
+
+def test_a_link_follows_p2p_and_the_topology_code():
+    v100, g4090 = DEVICES["V100 SXM2"], DEVICES["RTX 4090"]
+    assert pair_link(v100, topo="NV2").gbs == 50.0 == LINKS["NVLink 2, 2 links (V100 pair)"].gbs
+    assert pair_link(v100, topo="SYS") is LINKS["PCIe gen3 x16"]
+    assert pair_link(v100, p2p=False).name == NO_P2P
+    assert pair_link(g4090, p2p=True) is LINKS["PCIe gen4 x16"]      # P2P switched on
+    # a V100 pair of a p3 / DGX-1 shares one of its six links, not all of them
+    assert "whitepaper" in LINKS["NVLink 2, 1 link (V100 pair)"].source
+
+
+def test_ampere_and_newer_run_fp32_convolutions_in_tf32():
+    """Before: an A100 was scaled from its FP32 cores (19.5 TFLOP/s) and predicted slower than
+    a V100 for this chapter (16.0 against 13.9 s/epoch)."""
+    a100, v100 = DEVICES["A100 SXM4 80GB"], DEVICES["V100 SXM2"]
+    assert conv_peak_tflops(a100) == 156.0 and "TF32" in a100.source
+    assert conv_peak_tflops(v100) == v100.fp32_tflops and "no TF32" in v100.source
+    assert conv_peak_tflops(DEVICES["RTX 4090"]) == 82.6
+    assert epoch_s(a100, 1, 256) < epoch_s(v100, 1, 256)
+    chapter = [Job("chapter", 1, 64, 256, 10, 60_000, 10_000)]
+    assert gpu_band(chapter, a100)[1] < gpu_band(chapter, v100)[0]     # at every corner

@@ -1,10 +1,15 @@
-"""Why is my multi-GPU run slower? Look at the machine, then name the likely causes.
+"""Why is my multi-GPU run slower? Look at the machine, then name the likely causes, costliest
+first.
 
 `gather_facts` measures what this machine can say: the GPUs and their names, peer access
 between each pair (`torch.cuda.can_device_access_peer`), the link between them (`nvidia-smi topo
--m`, where it exists), the loader's rate alone, and where two CUDA devices exist, the share of a
-DataParallel step spent outside compute. `causes` is a pure function of those `Facts`, so each
-rule is tested on mocked machines. On a CPU it says what it can, and what it would check on GPUs.
+-m`, where it exists), the loader's rate alone, and where two CUDA devices exist, the seconds of
+a DataParallel step spent outside and inside compute. `causes` is a pure function of those
+`Facts`, so each rule is tested on described machines. Every threshold and every cost comes from
+the step-time model (`perf.scaling.predict_step_time` at the fit of the published runs, for the
+GPU named and the link `perf.scaling.pair_link` reads off the facts): each cause carries its
+cost in ms per step, predicted or measured, and the advice knows the strategy in use. Without
+a datasheet for the GPU (or on a CPU) it says what it can, and what it would check.
 """
 from __future__ import annotations
 
@@ -13,22 +18,18 @@ import shutil
 import subprocess
 import textwrap
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import torch
 
 from ..chapter import chapter_loader
 from .anatomy import dp_breakdown
-from ..perf.evidence import published_fit
+from ..perf.evidence import published_fit, workload
 from ..model import resnet18
-from ..perf.scaling import RESNET18, dp_python_s
+from ..perf.scaling import (DeviceSpec, LinkSpec, StepTime, compute_rate, dp_python_s,
+                            pair_link, predict_step_time, spec_for_name)
 
-SMALL_BATCH = 64        # images per device below which the fixed per-step costs dominate:
-                        # the model's compute for 64 images on a V100 is ~4 ms, about DataParallel's
-                        # fitted Python per device (`evidence.fit`)
-LOADER_MARGIN = 1.2     # a loader under 1.2x the training rate leaves the GPUs waiting
-OUTSIDE_SHARE = 0.5     # half a step outside forward + backward: the step is mostly overhead
 NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
 
 
@@ -42,17 +43,48 @@ class Facts:
     strategy: str = "dp"                    # "dp" (nn.DataParallel) or "ddp"
     loader_images_per_s: Optional[float] = None  # the loader alone, measured
     train_images_per_s: Optional[float] = None   # the training run, measured
-    outside_share: Optional[float] = None   # of a DataParallel step: scatter, replicate, gather
+    outside_s: Optional[float] = None       # of a DataParallel step: scatter, replicate, gather
+    compute_s: Optional[float] = None       # of the same step: forward and backward
     cpu_cores: int = 1
     loader_workers: int = 0
+    width: int = 64
 
 
 @dataclass(frozen=True)
 class Cause:
-    """One likely cause, with the figure that points to it and what to do."""
+    """One likely cause: its cost per step (None: not predicted), the figure that points to
+    it, and what to do."""
     name: str
     figure: str
     fix: str
+    ms: Optional[float] = None
+    how: str = "predicted"                  # or "measured"
+
+    def line(self) -> str:
+        cost = (f"{self.ms:.1f} ms per step, {self.how}" if self.ms is not None
+                else "cost not predicted")
+        return f"- {self.name} ({cost}): {self.figure}. {self.fix}"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The described machine as the model sees it: the GPU's datasheet and the pair's link."""
+    spec: DeviceSpec
+    link: LinkSpec
+    n: int
+    width: int = 64
+
+    def step(self, batch: float, strategy: str, link: Optional[LinkSpec] = None,
+             n: Optional[int] = None) -> StepTime:
+        """The predicted step at the middle of the published runs' fit."""
+        return predict_step_time(n or self.n, batch, self.spec, link or self.link, strategy,
+                                 workload=workload(self.width),
+                                 overheads=published_fit().overheads(self.spec))
+
+    def rate(self) -> float:
+        """Images per second one GPU computes at the fit's middle."""
+        return compute_rate(self.spec, workload(self.width),
+                            published_fit().overheads(self.spec).efficiency)
 
 
 def _pairs(f: Facts) -> list[tuple[int, int]]:
@@ -60,58 +92,110 @@ def _pairs(f: Facts) -> list[tuple[int, int]]:
     return [(i, j) for i in range(n) for j in range(n) if i < j]
 
 
-def _hardware_causes(f: Facts) -> list[Cause]:
+def machine(f: Facts) -> Optional[Machine]:
+    """The model of `f`'s machine, or None without a datasheet for its first GPU. The link is
+    `pair_link` of the slowest pair the facts describe (P2P off, then its topo code)."""
+    spec = spec_for_name(f.devices[0]) if f.devices else None
+    if spec is None:
+        return None
+    links = [pair_link(spec, f.peer.get(p), f.links.get(p)) for p in _pairs(f)]
+    link = min(links, key=lambda k: k.gbs) if links else pair_link(spec)
+    return Machine(spec, link, max(len(f.devices), 1), f.width)
+
+
+def small_batch(m: Machine, strategy: str = "dp") -> float:
+    """The per-device batch below which a step costs more in what does not scale with its
+    images (launches, the optimizer, idle SMs, DataParallel's Python, unhidden communication)
+    than in computing them: the compute rate x those fixed costs, from the model."""
+    rate = m.rate()
+    return rate * (m.step(m.n, strategy).total - 1 / rate)
+
+
+def _ms(seconds: float) -> float:
+    return 1e3 * seconds
+
+
+def _link_fix(strategy: str) -> str:
+    if strategy == "dp":
+        return "DDP overlaps that traffic with the backward pass; or fewer GPUs"
+    return ("a bigger per-device batch, or gradient accumulation (`no_sync`), all-reduces "
+            "less often per image; or fewer GPUs")
+
+
+def _hardware_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
     out = []
     if len(f.devices) < 2:
+        ms = (_ms(m.step(f.global_batch, "dp").total - m.step(f.global_batch, "dp", n=2).total)
+              if m else None)
         out.append(Cause("fewer than two GPUs", f"{len(f.devices)} CUDA device(s)",
                          "d2l.try_gpu(i) falls back to the CPU, so a '2-GPU' run trains on the "
-                         "same device as the 1-GPU run, with half as many steps per epoch"))
+                         "same device as the 1-GPU run, with half as many steps per epoch", ms))
     no_p2p = [p for p in _pairs(f) if f.peer.get(p) is False]
     if no_p2p:
         names = ", ".join(f"{i}-{j}" for i, j in no_p2p)
-        out.append(Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}",
-                         "every copy between them stages through host memory, and NCCL reaches "
-                         "a few GB/s there (consumer cards such as the RTX 4090 ship with P2P "
-                         "off): use DDP, a bigger per-device batch, or fewer GPUs"))
+        ms = (_ms(m.step(f.global_batch, f.strategy).total
+                  - m.step(f.global_batch, f.strategy, pair_link(m.spec, True)).total)
+              if m else None)
+        out.append(Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}; every "
+                         "copy between them stages through host memory (GeForce cards such as "
+                         "the RTX 4090 ship with P2P off)", _link_fix(f.strategy), ms))
     pcie = {p: c for p, c in f.links.items() if not c.startswith(NVLINK_PREFIX)}
     if pcie and not no_p2p:
         codes = ", ".join(f"{i}-{j}: {c}" for (i, j), c in sorted(pcie.items()))
-        out.append(Cause("PCIe, not NVLink", f"links from nvidia-smi topo -m: {codes}",
-                         "each step's weights and gradients cross PCIe (SYS/NODE also cross the "
-                         "CPUs' interconnect): DDP overlaps that traffic with the backward pass"))
+        ms = _ms(m.step(f.global_batch, f.strategy).communication) if m else None
+        out.append(Cause("PCIe, not NVLink", f"links from nvidia-smi topo -m: {codes}; each "
+                         "step's weights and gradients cross PCIe (SYS/NODE also cross the "
+                         "CPUs' interconnect)", _link_fix(f.strategy), ms))
     return out
 
 
-def _run_causes(f: Facts) -> list[Cause]:
+def _run_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
     n, out = max(len(f.devices), 1), []
-    per_device = f.global_batch / n
-    if per_device < SMALL_BATCH:
-        out.append(Cause("small per-device batch", f"{per_device:g} images per device",
-                         f"below {SMALL_BATCH} the fixed per-step costs outweigh the compute: "
-                         "grow the global batch with the devices (and scale the lr)"))
+    per = f.global_batch / n
+    if m and per < small_batch(m, f.strategy):
+        # a device's own fixed costs: launches, the optimizer, SMs a small batch leaves idle
+        fixed = m.step(per, f.strategy, n=1).total - per / m.rate()
+        out.append(Cause("small per-device batch", f"{per:g} images per device, below the "
+                         f"{small_batch(m, f.strategy):.0f} at which this machine's fixed "
+                         "per-step costs equal its compute",
+                         "grow the global batch with the devices (and scale the lr)",
+                         _ms(fixed)))
     if f.strategy == "dp" and n > 1:
-        fit = published_fit()
-        lo, hi = (dp_python_s(RESNET18, n, replace(fit.base, thread_s=fit.thread_s[t]))
-                  for t in (0, 2))
-        out.append(Cause("DataParallel", f"{lo * 1e3:.0f} to {hi * 1e3:.0f} ms of Python per "
-                         f"step on {n} GPUs (fitted to the published runs)",
+        fit, spec = published_fit(), m.spec if m else None
+        lo, hi = (dp_python_s(workload(f.width), n, fit.overheads(spec, 1, t)) for t in (0, 2))
+        ms = (_ms(m.step(f.global_batch, "dp").total - m.step(f.global_batch, "ddp").total)
+              if m else None)
+        python = f"{_ms(lo):.0f} to {_ms(hi):.0f}" if hi > lo else f"{_ms(lo):.0f}"
+        out.append(Cause("DataParallel", f"{python} ms of Python per step on {n} GPUs "
+                         f"({fit.basis(spec)}), and none of its traffic overlaps the backward "
+                         "pass",
                          "one process rebuilds the replicas every step and drives them from "
-                         "threads under the GIL: DistributedDataParallel, one process per GPU"))
-    if f.outside_share is not None and f.outside_share > OUTSIDE_SHARE:
-        out.append(Cause("step mostly overhead", f"{f.outside_share:.0%} of a step outside "
-                         "forward and backward (scatter, replicate, gather)",
-                         "more work per step (a bigger batch) or DDP"))
+                         "threads under the GIL: DistributedDataParallel, one process per GPU",
+                         ms))
+    if f.strategy == "dp" and f.outside_s is not None and f.compute_s is not None \
+            and f.outside_s > f.compute_s:
+        out.append(Cause("step mostly overhead", f"{_ms(f.outside_s):.1f} ms of a step outside "
+                         f"forward and backward (scatter, replicate, gather), more than its "
+                         f"{_ms(f.compute_s):.1f} ms inside", "more work per step (a bigger "
+                         "batch) or DDP", _ms(f.outside_s), "measured"))
     return out
 
 
-def _loader_causes(f: Facts) -> list[Cause]:
+def _loader_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
     out = []
-    if f.loader_images_per_s and f.train_images_per_s \
-            and f.loader_images_per_s < LOADER_MARGIN * f.train_images_per_s:
-        out.append(Cause("input pipeline", f"loader alone {f.loader_images_per_s:,.0f} images/s, "
-                         f"training {f.train_images_per_s:,.0f} images/s",
-                         "the GPUs wait for batches whatever their count: more workers, or keep "
-                         "the decoded images as tensors on the device (mgpu_lib.data.DeviceLoader)"))
+    # the GPUs' step: the model's where it has a datasheet, else the run's as measured
+    step = (m.step(f.global_batch, f.strategy).total if m else
+            f.global_batch / f.train_images_per_s if f.train_images_per_s else None)
+    if f.loader_images_per_s and step is not None \
+            and f.global_batch / f.loader_images_per_s > step:
+        trained = (f"the GPUs {f.global_batch / step:,.0f} images/s (predicted)" if m else
+                   f"training {f.train_images_per_s:,.0f} images/s")
+        out.append(Cause("input pipeline", f"loader alone {f.loader_images_per_s:,.0f} "
+                         f"images/s, {trained}", "the GPUs wait for batches whatever their "
+                         "count: more workers, or keep the decoded images as tensors on the "
+                         "device (mgpu_lib.data.DeviceLoader)",
+                         _ms(f.global_batch / f.loader_images_per_s - step),
+                         "predicted" if m else "measured"))
     if f.loader_workers and f.cpu_cores < f.loader_workers + 1:
         out.append(Cause("too few cores", f"{f.loader_workers} loader workers on {f.cpu_cores} "
                          "core(s)", "the workers compete with the training process for cores"))
@@ -119,8 +203,13 @@ def _loader_causes(f: Facts) -> list[Cause]:
 
 
 def causes(f: Facts) -> list[Cause]:
-    """The likely causes, hardware first, each with its figure (pure: test it on mocked facts)."""
-    return _hardware_causes(f) + _run_causes(f) + _loader_causes(f)
+    """The likely causes, costliest first (those without a predicted cost last), each with its
+    cost in ms per step and its figure (pure: test it on described machines). What the model
+    says costs nothing (a PCIe all-reduce DDP hides behind backward) is no cause."""
+    m = machine(f)
+    found = [c for c in _hardware_causes(f, m) + _run_causes(f, m) + _loader_causes(f, m)
+             if c.ms is None or c.ms >= 0.05]
+    return sorted(found, key=lambda c: -c.ms if c.ms is not None else float("inf"))
 
 
 def unchecked(f: Facts) -> list[str]:
@@ -129,9 +218,11 @@ def unchecked(f: Facts) -> list[str]:
     if len(f.devices) < 2:
         todo += ["peer access between each pair of GPUs (torch.cuda.can_device_access_peer)",
                  "the link between them: NVLink or PCIe (nvidia-smi topo -m)",
-                 "the share of a DataParallel step outside compute (dataparallel.dp_breakdown)"]
+                 "the share of a DataParallel step outside compute (anatomy.dp_breakdown)"]
     elif not f.links:
         todo.append("the link between the GPUs (nvidia-smi is not on this machine)")
+    if f.devices and machine(f) is None:
+        todo.append(f"costs and thresholds: no datasheet for {f.devices[0]}")
     if f.train_images_per_s is None:
         todo.append("training throughput, to set against the loader's")
     return todo
@@ -139,11 +230,13 @@ def unchecked(f: Facts) -> list[str]:
 
 def report(f: Facts) -> list[str]:
     """Lines for a notebook or a terminal: the machine, the causes, what was not checked."""
+    m = machine(f)
     lines = [f"{len(f.devices)} CUDA device(s)" + (": " + ", ".join(f.devices) if f.devices
                                                    else " (a CPU run: no GPU to diagnose)"),
-             f"global batch {f.global_batch}, strategy {f.strategy}, {f.cpu_cores} CPU core(s)"]
-    found = [f"- {c.name}: {c.figure}. {c.fix}" for c in causes(f)]
-    lines += found or ["- no likely cause found"]
+             f"global batch {f.global_batch}, strategy {f.strategy}, {f.cpu_cores} CPU core(s)"
+             + (f"; link as modelled: {m.link.name}, {m.link.gbs:g} GB/s" if m and m.n > 1
+                else "")]
+    lines += [c.line() for c in causes(f)] or ["- no likely cause found"]
     lines += [f"not checked here: {t}" for t in unchecked(f)]
     return [w for ln in lines for w in textwrap.wrap(ln, 88, subsequent_indent="  ")]
 
@@ -200,17 +293,18 @@ def chapter_loader_images_per_s(batch: int, batches: int = 30) -> float:
 def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,
                  train_images_per_s: Optional[float] = None, width: int = 64) -> Facts:
     """Measure this machine: devices, P2P per pair, links, the loader alone, and (with two
-    CUDA devices) the share of a DataParallel step outside forward and backward."""
+    CUDA devices) the seconds of a DataParallel step outside and inside forward and backward."""
     n = torch.cuda.device_count()
     devices = tuple(torch.cuda.get_device_name(i) for i in range(n))
     peer = {(i, j): torch.cuda.can_device_access_peer(i, j)
             for i in range(n) for j in range(n) if i < j}
-    share = None
+    outside = inside = None
     if n >= 2:
         net = resnet18(width=width).to("cuda:0")
         t = dp_breakdown(net, [f"cuda:{i}" for i in range(n)], global_batch, steps=3)
-        share = 1 - (t["forward"] + t["backward + reduce"]) / sum(t.values())
+        inside = t["forward"] + t["backward + reduce"]
+        outside = sum(t.values()) - inside
     workers = getattr(loader, "num_workers", 0)
     return Facts(devices, peer, topology() if n >= 2 else {}, global_batch, strategy,
                  loader_images_per_s(loader) if loader is not None else None,
-                 train_images_per_s, share, os.cpu_count() or 1, workers)
+                 train_images_per_s, outside, inside, os.cpu_count() or 1, workers, width)

@@ -1,26 +1,32 @@
 """The step-time model held against measurements.
 
 Two kinds of evidence: a calibration on the hardware at hand (`calibrate`, `leave_one_out`),
-and the published runs of 12.6 (`published`). From the runs that name their GPU, `fit` takes
-only what no datasheet gives: the achieved fraction of FP32 peak of each GPU (from its 1-GPU
-runs) and DataParallel's Python per device and step (`thread_s`, from the 2-GPU runs). The
-spread of those fits is each prediction's band (`band`, `compare`), and `held_out` predicts
-every published figure from a fit that has not seen it.
+and the published runs of 12.6 (`published`: d2l's own builds, d2l-neu's rebuilds). From the
+PyTorch runs that name their GPU, `fit` takes only what no datasheet gives, for each GPU class
+on its own: the efficiency vs counted FLOPs (from its 1-GPU lines) and DataParallel's Python
+per device and step (`thread_s`, from its 2-GPU lines, each at the efficiency its own 1-GPU
+line implies). A GPU no run names gets the range over every fitted GPU, and says so
+(`Fit.basis`). The spread of the fits is each prediction's band (`band`, `compare`);
+`held_out`, `conditioned_errors` and `held_out_sources` predict published figures from fits
+that have not seen them.
 """
 from __future__ import annotations
 
 import functools
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
+from ..model import resnet18_flops, resnet18_params
 from .published import PublishedRun, pairs, runs
-from .scaling import (DEVICES, LINKS, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
-                      loader_rate, predict_epoch_time, spec_for_name)
+from .scaling import (DEVICES, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
+                      loader_rate, pair_link, predict_epoch_time, spec_for_name)
 
 NUM_IMAGES = 60_000            # Fashion-MNIST's training set: the published runs' epoch
 UNDECIDED = "cannot be told from the model"
+
+
 @dataclass(frozen=True)
 class Calibration:
     """step seconds = step_s + batch / images_per_second, fitted by least squares."""
@@ -81,7 +87,7 @@ def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
 def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
              cores: int = 1) -> DeviceSpec:
     """A DeviceSpec for a CPU from its calibrated rate (split across `cores` worker processes):
-    its 'peak' is what it achieved, so use it with mfu=1."""
+    its 'peak' is what it achieved, so use it with efficiency=1."""
     tflops = cal.achieved_tflops(workload) / cores
     return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
 
@@ -89,7 +95,7 @@ def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
 def calibrated_overheads(cal: Calibration) -> Overheads:
     """Overheads for predictions from a calibration: its intercept is the whole per-step cost
     (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
-    return Overheads(mfu=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0, tensor_s=0.0,
+    return Overheads(efficiency=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0, tensor_s=0.0,
                      optimizer_passes=0.0)
 
 
@@ -127,22 +133,25 @@ def check_on_runs(records: Sequence, ddp_runs: Sequence, workload: Workload, num
     return cal, rows
 
 
+@functools.lru_cache(maxsize=None)
+def workload(width: int = 64, image_size: int = 28) -> Workload:
+    """The chapter's ResNet-18 at `width` on `image_size`-pixel images as numbers, computed
+    from the widths and the image side (`model.resnet18_flops`), no network built."""
+    return Workload(params=resnet18_params(width),
+                    forward_flops=float(resnet18_flops(width, image_size)),
+                    input_bytes=4 * image_size * image_size)
+
+
 def link_for(row: PublishedRun) -> Optional[LinkSpec]:
-    """The link between a published run's GPUs, as far as its hardware says: none named, None.
-    An SXM2 V100 is an NVLink module by its datasheet; RTX 4090s without P2P stage every copy
-    through host memory."""
-    if row.gpu is None:
-        return None
-    if row.p2p is False:
-        return LINKS["PCIe, no P2P (staged through host)"]
-    return LINKS["NVLink 2 (V100)"] if "SXM2" in row.gpu else LINKS["PCIe gen3 x16"]
+    """The link between a published run's GPUs: `scaling.pair_link` for its GPU and what the
+    source says of P2P; None where the GPU has no datasheet here."""
+    spec = spec_for_name(row.gpu or "-")
+    return None if spec is None else pair_link(spec, row.p2p)
 
 
 def workload_for(row: PublishedRun) -> Workload:
-    """The chapter's ResNet-18 at the run's image size: convolutions scale with the pixels."""
-    k = (row.image_size / 28) ** 2
-    return replace(RESNET18, forward_flops=RESNET18.forward_flops * k,
-                   input_bytes=int(RESNET18.input_bytes * k))
+    """The chapter's ResNet-18 at the run's image size."""
+    return workload(64, row.image_size)
 
 
 def row_seconds(row: PublishedRun, spec: DeviceSpec, link: LinkSpec, o: Overheads) -> float:
@@ -155,6 +164,10 @@ def row_seconds(row: PublishedRun, spec: DeviceSpec, link: LinkSpec, o: Overhead
 def _solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
     """x in [lo, hi] with f(x) = target, for f monotone (bisection; clamps at the ends)."""
     up = f(hi) > f(lo)
+    if (f(lo) >= target) == up:
+        return lo
+    if (f(hi) <= target) == up:
+        return hi
     for _ in range(60):
         mid = (lo + hi) / 2
         if (f(mid) < target) == up:
@@ -165,52 +178,96 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> 
 
 
 def _known(rows: Optional[Sequence[PublishedRun]]) -> list[PublishedRun]:
-    return [r for r in (runs() if rows is None else rows) if spec_for_name(r.gpu or "-")]
+    """The lines the DataParallel model can be held against: PyTorch, a GPU with a datasheet."""
+    return [r for r in (runs() if rows is None else rows)
+            if r.framework == "pytorch" and spec_for_name(r.gpu or "-")]
 
 
-@dataclass(frozen=True)
-class Fit:
-    """What the published runs say about the unknowns: (low, mean, high) of each."""
-    mfu: dict                     # datasheet name -> (low, mean, high) achieved fraction of peak
-    thread_s: tuple               # DataParallel's Python per device and step, seconds
-    base: Overheads
-    run_mfu: dict                 # published run -> the fraction its own 1-GPU line implies
+@functools.lru_cache(maxsize=None)
+def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
+    """The efficiency vs counted FLOPs a published 1-GPU line implies (its own, not a fit's)."""
+    spec = spec_for_name(one.gpu)
+    return _solve(lambda x: row_seconds(one, spec, link_for(one), replace(base, efficiency=x)),
+                  one.sec_per_epoch, 0.01, 3.0)
 
-    def mfu_of(self, spec: DeviceSpec) -> tuple:
-        """Its own fit, or, for a GPU no run names (the K80), the range over every fitted GPU."""
-        if spec.name in self.mfu:
-            return self.mfu[spec.name]
-        lows, highs = zip(*[(m[0], m[2]) for m in self.mfu.values()])
-        return (min(lows), statistics.mean(m[1] for m in self.mfu.values()), max(highs))
 
-    def overheads(self, spec: DeviceSpec, corner: int = 1, thread: int = 1) -> Overheads:
-        """Overheads at a corner of the band: 0 low, 1 mean, 2 high (of mfu, of thread_s)."""
-        return replace(self.base, mfu=self.mfu_of(spec)[corner], thread_s=self.thread_s[thread])
+@functools.lru_cache(maxsize=None)
+def _line_thread(two: PublishedRun, efficiency: float, base: Overheads) -> float:
+    """DataParallel's Python per device a 2-GPU line implies at `efficiency` (clamped at 0)."""
+    spec, o = spec_for_name(two.gpu), replace(base, efficiency=efficiency)
+    return _solve(lambda x: row_seconds(two, spec, link_for(two), replace(o, thread_s=x)),
+                  two.sec_per_epoch, 0.0, 0.5)
 
 
 def _spread(xs: Sequence[float]) -> tuple:
     return (min(xs), statistics.mean(xs), max(xs))
 
 
+def _lend(bands: dict) -> Optional[tuple]:
+    """For a GPU no run names: from the lowest low to the highest high of every fitted GPU,
+    its middle the mean of their middles."""
+    if not bands:
+        return None
+    return (min(b[0] for b in bands.values()), statistics.mean(b[1] for b in bands.values()),
+            max(b[2] for b in bands.values()))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What the published runs say about the unknowns, per GPU class: (low, mean, high)."""
+    efficiency: dict              # datasheet name -> efficiency vs counted FLOPs
+    thread_s: dict                # datasheet name -> DataParallel's Python per device, s
+    base: Overheads
+    run_efficiency: dict          # published run -> what its own 1-GPU line implies
+    counts: dict = field(default_factory=dict)   # datasheet name -> runs fitted
+
+    def efficiency_of(self, spec: Optional[DeviceSpec]) -> tuple:
+        """Its own fit; for a GPU no run names (or None), from the lowest low to the highest
+        high of every fitted GPU, each against its own peak: wide, and `basis` says so."""
+        own = self.efficiency.get(spec.name) if spec else None
+        return own or _lend(self.efficiency) or (self.base.efficiency,) * 3
+
+    def thread_of(self, spec: Optional[DeviceSpec]) -> tuple:
+        """DataParallel's Python per device: its own fit, else every fitted GPU's range."""
+        own = self.thread_s.get(spec.name) if spec else None
+        return own or _lend(self.thread_s) or (self.base.thread_s,) * 3
+
+    def lent(self, spec: Optional[DeviceSpec]) -> bool:
+        return spec is None or spec.name not in self.efficiency or spec.name not in self.thread_s
+
+    def basis(self, spec: Optional[DeviceSpec]) -> str:
+        """Where `spec`'s band comes from, in words a page can print."""
+        lo, _, hi = self.efficiency_of(spec)
+        if not self.lent(spec):
+            return f"fitted to {self.counts.get(spec.name, 0)} published {spec.name} runs"
+        what = spec.name if spec else "this GPU"
+        return (f"no published run on {what}: the range over every fitted GPU "
+                f"({lo:.2f} to {hi:.2f} of peak), so the band is wide")
+
+    def overheads(self, spec: Optional[DeviceSpec], corner: int = 1, thread: int = 1
+                  ) -> Overheads:
+        """Overheads at a corner of the band: 0 low, 1 mean, 2 high (of efficiency, of thread_s)."""
+        return replace(self.base, efficiency=self.efficiency_of(spec)[corner],
+                       thread_s=self.thread_of(spec)[thread])
+
+
 def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overheads()) -> Fit:
-    """Fit the achieved fraction of peak of each GPU to its 1-GPU lines, then DataParallel's
-    Python per device to the 2-GPU lines (at their GPU's fitted fraction)."""
+    """Per GPU class: the efficiency vs counted FLOPs of its 1-GPU lines, then DataParallel's
+    Python per device of its 2-GPU lines, each at the efficiency its own 1-GPU line implies.
+    Each class gets its own band: a class that needs thread_s clamped at 0 (the RTX 4090
+    rows, behind a staged link) does not pull another class's down."""
     known = _known(rows)
-    mfus: dict = {}
-    run_mfu = {}
+    effs: dict = {}
+    run_eff = {r.run: line_efficiency(r, base) for r in known if r.n_gpus == 1}
     for r in (r for r in known if r.n_gpus == 1):
-        spec = spec_for_name(r.gpu)
-        run_mfu[r.run] = _solve(lambda x: row_seconds(r, spec, link_for(r), replace(base, mfu=x)),
-                                r.sec_per_epoch, 0.01, 3.0)
-        mfus.setdefault(spec.name, []).append(run_mfu[r.run])
-    threads = []
-    for r in (r for r in known if r.n_gpus > 1 and r.run in run_mfu):
-        # at the fraction its own 1-GPU line reached: the same box on the same day
-        spec, o = spec_for_name(r.gpu), replace(base, mfu=run_mfu[r.run])
-        threads.append(_solve(lambda x: row_seconds(r, spec, link_for(r), replace(o, thread_s=x)),
-                              r.sec_per_epoch, 0.0, 0.5))
-    return Fit({k: _spread(v) for k, v in mfus.items()},
-               _spread(threads) if threads else (base.thread_s,) * 3, base, run_mfu)
+        effs.setdefault(spec_for_name(r.gpu).name, []).append(run_eff[r.run])
+    threads: dict = {}
+    for r in (r for r in known if r.n_gpus > 1 and r.run in run_eff):
+        threads.setdefault(spec_for_name(r.gpu).name, []).append(
+            _line_thread(r, run_eff[r.run], base))
+    return Fit({k: _spread(v) for k, v in effs.items()},
+               {k: _spread(v) for k, v in threads.items()}, base, run_eff,
+               {k: len(v) for k, v in effs.items()})
 
 
 @functools.lru_cache(maxsize=1)
@@ -220,12 +277,12 @@ def published_fit() -> Fit:
 
 
 def predict_row(row: PublishedRun, f: Fit) -> float:
-    """A published line, predicted at the fit's mean; a 2-GPU line at the fraction of peak its
-    own 1-GPU line implies, where the fit has that line."""
+    """A published line, predicted at the fit's mean; a 2-GPU line at the efficiency its own
+    1-GPU line implies, where the fit has that line."""
     spec = spec_for_name(row.gpu)
     o = f.overheads(spec)
-    if row.n_gpus > 1 and row.run in f.run_mfu:
-        o = replace(o, mfu=f.run_mfu[row.run])
+    if row.n_gpus > 1 and row.run in f.run_efficiency:
+        o = replace(o, efficiency=f.run_efficiency[row.run])
     return row_seconds(row, spec, link_for(row), o)
 
 
@@ -242,36 +299,82 @@ def held_out(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     return out
 
 
+def _conditioned(one: PublishedRun, two: PublishedRun, f: Fit) -> tuple:
+    """(low, mean, high) of a 2-GPU line given its own 1-GPU line: that line's efficiency,
+    across `f`'s band of DataParallel's Python for the GPU."""
+    spec = spec_for_name(two.gpu)
+    o = replace(f.base, efficiency=line_efficiency(one, f.base))
+    return tuple(row_seconds(two, spec, link_for(two), replace(o, thread_s=t))
+                 for t in f.thread_of(spec))
+
+
+def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
+                       ) -> list[dict]:
+    """Leave one build out, for every published comparison on `gpu` (a `DEVICES` key): fit
+    the others, then predict its 2-GPU line from its own 1-GPU line (`_conditioned`). The
+    table a page shows: one row per build, the error relative to the published figure."""
+    known = _known(rows)
+    out = []
+    for one, two in pairs(known):
+        if spec_for_name(one.gpu).name != gpu:
+            continue
+        lo, mid, hi = _conditioned(one, two, fit([r for r in known if r.run != one.run]))
+        out.append(dict(run=one.run, repo=one.repo, date=one.date, one_s=one.sec_per_epoch,
+                        published_s=two.sec_per_epoch, predicted_s=mid, low_s=lo, high_s=hi,
+                        error=(mid - two.sec_per_epoch) / two.sec_per_epoch))
+    return out
+
+
+def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
+    """Leave one source out: every line of a repository predicted by a fit of the other
+    repositories alone; a 1-GPU line at the fit's middle (a GPU the others never ran is lent
+    every fitted GPU's range), a 2-GPU line from its own 1-GPU line (`_conditioned`). Each
+    row says whether the published figure lies inside the band."""
+    known = _known(rows)
+    out = []
+    for repo in dict.fromkeys(r.repo for r in known):
+        f = fit([r for r in known if r.repo != repo])
+        for one, two in pairs([r for r in known if r.repo == repo]):
+            spec = spec_for_name(one.gpu)
+            b1 = band(lambda o: row_seconds(one, spec, link_for(one), o), spec, f)
+            for r, (lo, mid, hi) in ((one, b1), (two, _conditioned(one, two, f))):
+                out.append(dict(repo=repo, run=r.run, gpu=spec.name, n_gpus=r.n_gpus,
+                                published_s=r.sec_per_epoch, predicted_s=mid, low_s=lo,
+                                high_s=hi, inside=lo <= r.sec_per_epoch <= hi,
+                                error=(mid - r.sec_per_epoch) / r.sec_per_epoch))
+    return out
+
+
 def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     """Each published 1 -> 2 GPU comparison with a named GPU, as a reader meets it: given the
     1-GPU line, is 2 GPUs faster? Published speedup t1 / t2 against t1 / the held-out
     prediction of t2 (> 1: two GPUs faster), and whether the two agree in direction."""
-    pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(rows)}
+    known = _known(rows)
+    pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(known)}
     out = []
-    for one, two in pairs(list(rows) if rows is not None else None):
-        if (two.run, 2) in pred:
-            p = one.sec_per_epoch / pred[(two.run, 2)]
-            s = one.sec_per_epoch / two.sec_per_epoch
-            out.append(dict(run=one.run, gpu=one.gpu, published=s, predicted=p,
-                            agree=(p > 1) == (s > 1)))
+    for one, two in pairs(known):
+        p = one.sec_per_epoch / pred[(two.run, 2)]
+        s = one.sec_per_epoch / two.sec_per_epoch
+        out.append(dict(run=one.run, gpu=one.gpu, published=s, predicted=p,
+                        agree=(p > 1) == (s > 1)))
     return out
 
 
-def unknown_hardware(f: Optional[Fit] = None, link: LinkSpec = LINKS["PCIe gen3 x16"]
-                     ) -> list[dict]:
-    """Runs that name no GPU: their 1- and 2-GPU seconds as a range over the GPUs with a
-    datasheet here that existed when the run was published (each across its mfu band), and
-    the GPUs whose range holds both figures."""
-    f = f or fit()
+def unknown_hardware(f: Optional[Fit] = None, link: Optional[LinkSpec] = None) -> list[dict]:
+    """PyTorch runs that name no GPU: their 1- and 2-GPU seconds as a range over the GPUs with
+    a datasheet here that existed when the run was published (each across its efficiency band,
+    on `link`, default each GPU's own `pair_link`), and the GPUs whose range holds both."""
+    f = f or published_fit()
     out = []
-    for one, two in pairs():
+    for one, two in pairs(runs("pytorch")):
         if one.gpu is not None:
             continue
         rng = {}
         year = int(one.date[:4]) if one.date else 9999
         for spec in (s for s in DEVICES.values() if (s.released or 0) <= year):
-            rng[spec.name] = [sorted(row_seconds(r, spec, link, f.overheads(spec, c))
-                                     for c in (0, 2)) for r in (one, two)]
+            rng[spec.name] = [sorted(row_seconds(r, spec, link or pair_link(spec),
+                                                 f.overheads(spec, c)) for c in (0, 2))
+                              for r in (one, two)]
         lo1, hi1 = min(v[0][0] for v in rng.values()), max(v[0][1] for v in rng.values())
         lo2, hi2 = min(v[1][0] for v in rng.values()), max(v[1][1] for v in rng.values())
         fits = [k for k, ((a, b), (c, d)) in rng.items()
@@ -283,27 +386,29 @@ def unknown_hardware(f: Optional[Fit] = None, link: LinkSpec = LINKS["PCIe gen3 
 
 def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fit] = None
          ) -> tuple:
-    """(low, mean, high) of a prediction over the fitted overheads' corners: each GPU's
-    mfu range crossed with DataParallel's thread_s range."""
-    f = f or fit()
+    """(low, mean, high) of a prediction over the fitted overheads' corners: the GPU's
+    efficiency range crossed with its DataParallel thread_s range."""
+    f = f or published_fit()
     values = [predict(f.overheads(spec, c, t)) for c in (0, 2) for t in (0, 2)]
     return (min(values), predict(f.overheads(spec)), max(values))
 
 
 def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
             spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
-    """Which of two predictions (seconds) is smaller at every corner of the band: "A faster",
-    "B faster", or, where the answer flips inside the band, `UNDECIDED`."""
-    f = f or fit()
-    diffs = [a(o) - b(o) for o in
-             (f.overheads(spec, c, t) for c in (0, 1, 2) for t in (0, 1, 2))]
-    if all(d < 0 for d in diffs):
+    """Which of two predictions (seconds) is smaller: "A faster" only where A's whole band lies
+    below B's, "B faster" the other way round, and where the two bands overlap, `UNDECIDED`."""
+    lo_a, _, hi_a = band(a, spec, f)
+    lo_b, _, hi_b = band(b, spec, f)
+    if hi_a < lo_b:
         return f"{names[0]} faster"
-    return f"{names[1]} faster" if all(d > 0 for d in diffs) else UNDECIDED
+    return f"{names[1]} faster" if hi_b < lo_a else UNDECIDED
 
 
-def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec, link: LinkSpec,
-               strategy: str = "dp", num_images: int = 60000) -> Callable[[Overheads], float]:
-    """`overheads -> seconds per epoch` of one setup, the form `band` and `compare` take."""
+def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,
+               link: Optional[LinkSpec] = None, strategy: str = "dp",
+               num_images: int = 60000) -> Callable[[Overheads], float]:
+    """`overheads -> seconds per epoch` of one setup, the form `band` and `compare` take; the
+    link defaults to the GPU's own (`scaling.pair_link`)."""
+    link = link or pair_link(spec)
     return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
                                         strategy, overheads=o)

@@ -2,8 +2,8 @@
 `tools/gpu_check.py`.
 
 - on a GPU with a datasheet (`scaling.DEVICES`), `scaling.predict_step_time` at the overheads
-  `evidence` fits to the published runs: the middle for a single figure, the corners of the fit
-  for a (low, high) band;
+  `evidence` fits to the published runs (the middle for a single figure, the corners of the fit
+  for a (low, high) band), over the link `scaling.pair_link` gives two of those GPUs;
 - on a CPU, the fast loop's rate recorded on 2-core machines (`bench_cpu.jsonl`, fp32), scaled
   to the width by FLOPs;
 - evaluating an image costs a third of training one (forward only);
@@ -12,13 +12,11 @@
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .evidence import Calibration, band, published_fit
-from ..model import forward_flops, num_params, resnet18
-from .scaling import LINKS, DeviceSpec, Overheads, Workload, predict_step_time
+from .evidence import Calibration, band, published_fit, workload
+from .scaling import DeviceSpec, Overheads, pair_link, predict_step_time
 from ..config import EVAL_BATCH
 
 
@@ -44,24 +42,14 @@ class Job:
         return self.runs * self.epochs * self.test_images
 
 
-@functools.lru_cache(maxsize=None)
-def workload(width: int) -> Workload:
-    """The network of `width` as numbers, built (and run once, for its FLOPs) once per width:
-    a prediction and its trim ask for the same few widths many times."""
-    net = resnet18(width=width)
-    return Workload(params=num_params(net), forward_flops=forward_flops(net))
-
-
-LINK = LINKS["PCIe gen3 x16"]    # between a machine's GPUs, where nothing says otherwise
-
-
 def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int = 1,
                  overheads: Optional[Overheads] = None) -> float:
-    """One DataParallel training step of `batch` images on `devices` GPUs of `spec`, at
-    `overheads` (default: the middle of the published runs' fit)."""
+    """One DataParallel training step of `batch` images on `devices` GPUs of `spec`, over the
+    link two of them have (`scaling.pair_link`), at `overheads` (default: the middle of the
+    published runs' fit). `workload(width)` is computed, never built: any width is cheap."""
     o = overheads or published_fit().overheads(spec)
-    return predict_step_time(devices, batch, spec, LINK, "dp", workload=workload(width),
-                             overheads=o).total
+    return predict_step_time(devices, batch, spec, pair_link(spec), "dp",
+                             workload=workload(width), overheads=o).total
 
 
 @dataclass
@@ -151,6 +139,6 @@ def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
 
 def gpu_band(jobs: Sequence[Job], spec: DeviceSpec) -> tuple[float, float]:
     """(low, high) training seconds over the fitted overheads' four corners (`evidence.band`:
-    each GPU's mfu range crossed with DataParallel's thread_s range)."""
+    the GPU's efficiency range crossed with its DataParallel thread_s range)."""
     low, _, high = band(lambda o: gpu_seconds(jobs, spec, o), spec, published_fit())
     return low, high

@@ -3,8 +3,10 @@
 A step is compute (images x FLOPs per image / achieved FLOP/s), communication (what the
 strategy moves over the link) and overhead (launching kernels, Python threads, the optimizer's
 memory traffic). Everything here is a pure function of numbers: no torch, no model, no GPU.
-`evidence` fits what the datasheets cannot give (the achieved rate, DataParallel's Python) to
-the published runs and to measurements here, and gives each prediction its band.
+`evidence` fits what the datasheets cannot give (the efficiency vs counted FLOPs,
+DataParallel's Python) to the published runs and to measurements here, and gives each
+prediction its band. Two choices every predictor shares live here: the link between two GPUs
+(`pair_link`) and the peak their convolutions run at (`conv_peak_tflops`: TF32 from Ampere on).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Optional, Sequence
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Peak figures of one accelerator (one die), from the vendor's datasheet."""
+    """Peak figures of one accelerator (one die), from the vendor's datasheet, and the links
+    between two of them in the machines they come in (keys of `LINKS`, see `pair_link`)."""
     name: str
     fp32_tflops: float
     tensor_tflops: Optional[float]   # dense tensor-core peak in `tensor_dtype`; None: no tensor cores
@@ -23,6 +26,9 @@ class DeviceSpec:
     memory_gb: float
     source: str
     released: Optional[int] = None   # the year the vendor announced it (the datasheet's date)
+    tf32_tflops: Optional[float] = None   # dense TF32 tensor peak; None: no TF32 (before Ampere)
+    link: str = "PCIe gen3 x16"      # between two of them where nothing else is known
+    pcie: str = "PCIe gen3 x16"      # the PCIe generation the card speaks
 
 
 @dataclass(frozen=True)
@@ -34,28 +40,44 @@ class LinkSpec:
     source: str
 
 
+NO_P2P = "PCIe, no P2P (staged through host)"
+NVLINK_GBS = 25.0       # one NVLink (generations 2 to 4), per direction: see `LINKS`
+NVLINK_SOURCE = ("NVIDIA DGX-1 with Tesla V100 System Architecture whitepaper (WP-08437-002): "
+                 "six NVLinks per V100, each 25 GB/s in each direction; NVLink 3 (A100, 12 "
+                 "links, 600 GB/s total) and NVLink 4 (H100, 18 links, 900 GB/s) keep 25 GB/s "
+                 "per link and direction (A100 and H100 datasheets)")
+
 DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
     DeviceSpec("K80 (one GK210 die)", 4.37, None, None, 240.0, 12.0,
                "NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s FP32 (GPU Boost), 480 GB/s, 24 GB per "
                "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16", 2014),
     DeviceSpec("T4", 8.1, 65.0, "fp16", 320.0, 16.0,
                "NVIDIA T4 Tensor Core GPU datasheet: 8.1 TFLOP/s FP32, 65 TFLOP/s FP16 mixed "
-               "precision, 320 GB/s. Turing has no bf16", 2018),
+               "precision, 320 GB/s, PCIe gen3 x16. Turing has no bf16 and no TF32", 2018),
     DeviceSpec("V100 SXM2", 15.7, 125.0, "fp16", 900.0, 32.0,
                "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s tensor "
-               "(FP16), 900 GB/s HBM2. Volta has no bf16", 2017),
+               "(FP16), 900 GB/s HBM2. Volta has no bf16 and no TF32", 2017,
+               link="NVLink 2, 1 link (V100 pair)"),
     DeviceSpec("A100 SXM4 80GB", 19.5, 312.0, "bf16", 2039.0, 80.0,
                "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 19.5 TFLOP/s FP32, "
-               "312 TFLOP/s BF16 tensor (dense), 2,039 GB/s HBM2e", 2020),
+               "156 TFLOP/s TF32 tensor (312 with sparsity), 312 TFLOP/s BF16 tensor (dense), "
+               "2,039 GB/s HBM2e, PCIe gen4", 2020, tf32_tflops=156.0,
+               link="NVLink 3 (A100, NVSwitch)", pcie="PCIe gen4 x16"),
     DeviceSpec("H100 SXM5", 67.0, 989.0, "bf16", 3350.0, 80.0,
-               "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s FP32, 1,979 TFLOP/s "
-               "BF16 tensor with sparsity (989 dense), 3.35 TB/s HBM3", 2022),
+               "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s FP32, 989 TFLOP/s "
+               "TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor with "
+               "sparsity (989 dense), 3.35 TB/s HBM3, PCIe gen5", 2022, tf32_tflops=494.5,
+               link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16"),
     DeviceSpec("H200 SXM", 67.0, 989.0, "bf16", 4800.0, 141.0,
-               "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 1,979 TFLOP/s "
-               "BF16 tensor with sparsity (989 dense), 4.8 TB/s HBM3e", 2023),
+               "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 989 TFLOP/s "
+               "TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor with "
+               "sparsity (989 dense), 4.8 TB/s HBM3e, PCIe gen5", 2023, tf32_tflops=494.5,
+               link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16"),
     DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0, 24.0,
                "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): 82.6 TFLOP/s "
-               "FP32, 165.2 TFLOP/s BF16 tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X", 2022),
+               "FP32, 82.6 TFLOP/s TF32 tensor (165.2 with sparsity), 165.2 TFLOP/s BF16 "
+               "tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X, PCIe gen4", 2022,
+               tf32_tflops=82.6, link=NO_P2P, pcie="PCIe gen4 x16"),
 ]}
 
 LINKS: dict[str, LinkSpec] = {s.name: s for s in [
@@ -64,21 +86,67 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
              "direction (~16)"),
     LinkSpec("PCIe gen4 x16", 32.0, 5e-6,
              "PCI Express 4.0 specification: 16 GT/s x 16 lanes = 31.5 GB/s per direction (~32)"),
-    LinkSpec("NVLink 2 (V100)", 150.0, 2e-6,
-             "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s total, i.e. 150 GB/s per direction"),
-    LinkSpec("NVLink 3 (A100)", 300.0, 2e-6,
-             "NVIDIA A100 datasheet: NVLink 600 GB/s total, i.e. 300 GB/s per direction"),
-    LinkSpec("NVLink 4 (H100/H200)", 450.0, 2e-6,
-             "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total, i.e. 450 GB/s per direction"),
+    LinkSpec("PCIe gen5 x16", 64.0, 5e-6,
+             "PCI Express 5.0 specification: 32 GT/s x 16 lanes = 63 GB/s per direction (~64)"),
+    # A p3 instance or DGX-1 wires its V100s as a hybrid cube-mesh: each pair that is linked
+    # shares 1 or 2 of a GPU's 6 NVLinks, never all of them. `nvidia-smi topo -m` on such a
+    # machine shows GPU0-GPU1 as NV1 (one link). d2l's builds do not print which 2 of the
+    # machine's V100s a notebook saw: one link is an assumption (GPUs 0 and 1), 2 the other case.
+    LinkSpec("NVLink 2, 1 link (V100 pair)", NVLINK_GBS, 2e-6,
+             NVLINK_SOURCE + "; hybrid cube-mesh: GPU0-GPU1 share one link (nvidia-smi topo -m "
+             "on an 8-V100 SXM2 server: NV1), assumed for d2l's builds"),
+    LinkSpec("NVLink 2, 2 links (V100 pair)", 2 * NVLINK_GBS, 2e-6,
+             NVLINK_SOURCE + "; hybrid cube-mesh: some pairs (GPU0-GPU3) share two (NV2)"),
+    # NVSwitch gives every pair a GPU's full NVLink bandwidth (HGX A100 8-GPU, DGX H100).
+    LinkSpec("NVLink 3 (A100, NVSwitch)", 300.0, 2e-6,
+             "NVIDIA A100 datasheet: NVLink 600 GB/s total, i.e. 300 GB/s per direction, to "
+             "any GPU through NVSwitch (HGX A100 8-GPU)"),
+    LinkSpec("NVLink 4 (H100/H200, NVSwitch)", 450.0, 2e-6,
+             "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total, i.e. 450 GB/s per direction, "
+             "to any GPU through NVSwitch (DGX H100: nvidia-smi topo -m shows NV18)"),
     # GeForce RTX 40 cards have peer-to-peer disabled: every GPU-to-GPU byte is staged through
     # host memory, and NCCL's collectives (DataParallel's broadcast and reduce use them) reach
     # far less than the wire there.
-    LinkSpec("PCIe, no P2P (staged through host)", 2.0, 20e-6,
+    LinkSpec(NO_P2P, 2.0, 20e-6,
              "d2l-neu's build machine, 4x RTX 4090 without P2P (github.com/smolix/d2l-neu, "
              "chapter_computational-performance/hardware.md): a large GPU-to-GPU copy ~20 GB/s, "
              "NCCL 'a couple of GB/s of effective bus bandwidth' on the staged path"),
 ]}
 
+
+def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None,
+              topo: Optional[str] = None) -> LinkSpec:
+    """The link between two GPUs of `spec`: the one choice every predictor makes (the pages,
+    `gpu_check`, `evidence`, `diagnose`).
+
+    `p2p` False (`torch.cuda.can_device_access_peer`) stages every copy through host memory;
+    a `topo` code from `nvidia-smi topo -m` says the rest: NV# is # NVLinks at `NVLINK_GBS`
+    each, any other code a PCIe path at the card's generation. Without either, the link of
+    the machines this GPU comes in (`spec.link`): GeForce cards without P2P, a V100 pair one
+    NVLink of the hybrid cube-mesh, an A100 or H100 NVSwitch, a K80 or T4 PCIe.
+    """
+    if p2p is False:
+        return LINKS[NO_P2P]
+    if topo and topo.startswith("NV") and topo[2:].isdigit():
+        n = int(topo[2:])
+        return LinkSpec(f"NVLink x{n} ({topo})", n * NVLINK_GBS, 2e-6, NVLINK_SOURCE)
+    if topo or (p2p and spec.link == NO_P2P):
+        return LINKS[spec.pcie]
+    return LINKS[spec.link]
+
+
+def conv_peak_tflops(spec: DeviceSpec) -> float:
+    """The peak the chapter's "fp32" convolutions run at on `spec`.
+
+    On Ampere and newer GPUs (A100, RTX 30 and 40, H100, H200) cuDNN runs fp32 convolutions in
+    TF32 on the tensor cores, because `torch.backends.cudnn.allow_tf32` is True by default
+    (PyTorch's note "TensorFloat-32 (TF32) on Ampere (and later) devices"); their peak is
+    the datasheet's dense TF32 figure, not the FP32 cores'. Before Ampere (K80, T4, V100)
+    there is no TF32, and the FP32 cores do the work. The final linear layer stays in FP32
+    (`torch.backends.cuda.matmul.allow_tf32` is False by default), a few thousand FLOPs per
+    image out of about a billion.
+    """
+    return spec.tf32_tflops or spec.fp32_tflops
 
 
 def spec_for_name(name: str) -> Optional[DeviceSpec]:
@@ -102,7 +170,7 @@ GLOO_LOOPBACK = LinkSpec("gloo over loopback (assumed)", 2.0, 50e-6,
 class Workload:
     """The model being trained, as numbers. Defaults: the chapter's ResNet-18 (width 64)."""
     params: int = 11_175_818
-    forward_flops: float = 0.9116e9     # per 28x28 image (mgpu_lib.model.forward_flops)
+    forward_flops: float = 0.9116e9     # per 28x28 image (mgpu_lib.model.resnet18_flops)
     train_factor: float = 3.0           # forward + backward ~ 3 x forward
     bytes_per_param: int = 4            # fp32 gradients
     input_bytes: int = 28 * 28 * 4      # one float32 image
@@ -124,7 +192,11 @@ RESNET18 = Workload()
 @dataclass(frozen=True)
 class Overheads:
     """Per-step costs that are not FLOPs or link traffic. Assumptions, stated and adjustable."""
-    mfu: float = 0.4             # achieved fraction of FP32 peak at a large per-device batch
+    efficiency: float = 0.4      # efficiency vs counted FLOPs: achieved FLOP/s at a large
+                                 # per-device batch, FLOPs counted as `FlopCounterMode` counts
+                                 # a direct convolution, over the peak the convolutions run at
+                                 # (`conv_peak_tflops`). Not utilization: cuDNN's Winograd
+                                 # kernels do fewer real operations, so it can near or pass 1
     half_batch: float = 16.0     # per-device batch that reaches half that rate (small kernels
                                  # leave SMs idle): compute = (batch + half_batch) / rate
     step_s: float = 2e-3         # launching ~200 kernels per step at ~10 us each
@@ -222,9 +294,10 @@ def dp_python_s(w: Workload, n: int, o: Overheads) -> float:
     return n * (o.thread_s + w.tensors * o.tensor_s) if n > 1 else 0.0
 
 
-def compute_rate(spec: DeviceSpec, w: Workload, mfu: float) -> float:
-    """Images per second one device trains at `mfu` of its FP32 peak."""
-    return spec.fp32_tflops * 1e12 * mfu / w.train_flops
+def compute_rate(spec: DeviceSpec, w: Workload, efficiency: float) -> float:
+    """Images per second one device trains at `efficiency` (vs counted FLOPs) of the peak its
+    convolutions run at (`conv_peak_tflops`: TF32 from Ampere on, FP32 before)."""
+    return conv_peak_tflops(spec) * 1e12 * efficiency / w.train_flops
 
 
 def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, link: LinkSpec,
@@ -237,7 +310,8 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
     `accumulate` > 1 (DDP only): gradient accumulation, `global_batch` per micro-step and one
     all-reduce (under `no_sync`) per `accumulate` micro-steps; the parts are per optimizer step.
 
-    `images_per_second` (one device; e.g. from `calibrate`) overrides the spec's peak x mfu;
+    `images_per_second` (one device; e.g. from `calibrate`) overrides the spec's peak x
+    efficiency;
     a calibration's intercept then goes in `overheads.step_s`, with `half_batch=0`.
     """
     if strategy not in ("ddp", "dp"):
@@ -245,7 +319,7 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
     if n_devices < 1 or global_batch <= 0:
         raise ValueError("need n_devices >= 1 and global_batch > 0")
     w, o = workload, overheads
-    rate = images_per_second or compute_rate(spec, w, o.mfu)
+    rate = images_per_second or compute_rate(spec, w, o.efficiency)
     per_device = global_batch / n_devices
     compute = (per_device + o.half_batch) / rate
     optimizer = o.optimizer_passes * w.grad_bytes / (spec.mem_gbs * 1e9)
