@@ -147,6 +147,16 @@ def test_the_builds_file_holds_d2ls_builds_each_with_its_commit():
     assert published.pair("d2l-pytorch-colab f854371")[0].sec_per_epoch == 12.2
 
 
+def test_every_build_has_both_curves_and_each_ends_where_its_printed_line_does():
+    curves = published.build_curves()
+    for b in published.builds():
+        for gpus, printed in ((1, b.test_acc_1), (2, b.test_acc_2)):
+            curve = curves[(b.repo, b.commit, gpus)]
+            assert len(curve) == b.epochs
+            assert abs(curve[-1] - printed) <= 0.005 + 1e-9      # printed to two decimals
+    assert len(curves) == 2 * len(published.builds())
+
+
 def test_published_rows_say_where_they_come_from_and_guess_nothing():
     for r in published.runs():
         assert r.source and r.repo

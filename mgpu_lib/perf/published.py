@@ -125,6 +125,23 @@ def builds(framework: Optional[str] = None) -> list[Build]:
     return [b for b in _all_builds() if framework in (None, b.framework)]
 
 
+@functools.lru_cache(maxsize=1)
+def build_curves() -> dict[tuple[str, str, int], tuple[float, ...]]:
+    """Each build's test accuracy per epoch, {(repo, commit, GPUs): (epoch 1, ..., epoch 10)}.
+
+    A reading of a plot, not printed numbers: the builds print only the last epoch, but each
+    stores the Animator's final figure as SVG, whose line's vertices map through the y-axis
+    ticks to accuracies to about 1e-4 (`recorded/d2l_build_curves.csv`; every decoded last
+    epoch agrees with the printed accuracy to its two decimals)."""
+    text = resources.files("mgpu_lib").joinpath("recorded", "d2l_build_curves.csv").read_text(
+        encoding="utf-8")
+    curves: dict = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        key = (row["repo"], row["commit"], int(row["run"][0]))
+        curves.setdefault(key, {})[int(row["epoch"])] = float(row["test_acc_from_figure"])
+    return {k: tuple(v[e] for e in sorted(v)) for k, v in curves.items()}
+
+
 OTHERS: tuple[PublishedRun, ...] = (
     *(PublishedRun(run="d2l-neu 28px", label="d2l-neu rebuild, 28 px (May 2026)",
                    framework="pytorch", n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a,
