@@ -76,7 +76,7 @@ def _describe_available() -> str:
 def _cpuinfo(field: str) -> Optional[str]:
     """The first `field : value` line of /proc/cpuinfo (None where there is no such file)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith(field):
                     return line.split(":", 1)[1].strip()

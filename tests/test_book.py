@@ -95,10 +95,10 @@ def write_page(root: Path, name: str, body: str, launch: bool = True, source: st
     """Write chapters/<name>.html and its _sources/ copy, as jupyter-book does."""
     page = root / "chapters" / f"{name}.html"
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(PAGE.format(name=name, body=body, launch=LAUNCH.format(name=name) if launch else ""))
+    page.write_text(PAGE.format(name=name, body=body, launch=LAUNCH.format(name=name) if launch else ""), encoding="utf-8")
     src = root / "_sources" / "chapters" / f"{name}{source}"
     src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text("{}")
+    src.write_text("{}", encoding="utf-8")
     return page
 
 
@@ -109,7 +109,7 @@ def build(tmp_path: Path) -> Path:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_bytes(b"\x89PNG")
     write_page(tmp_path, "target", CLEAN_BODY + '\n<section id="section-a"><h2>A</h2></section>')
-    (tmp_path / "genindex.html").write_text("<html><body><a href='nowhere.html'>x</a></body></html>")
+    (tmp_path / "genindex.html").write_text("<html><body><a href='nowhere.html'>x</a></body></html>", encoding="utf-8")
     return tmp_path
 
 
@@ -146,7 +146,7 @@ FAULTS = [
 @pytest.mark.parametrize("planted, body, locate, says", FAULTS, ids=[f[0] for f in FAULTS])
 def test_planted_fault_is_reported_with_page_and_line(build: Path, planted, body, locate, says):
     page = write_page(build, "faulty", body)
-    line = next(i for i, text in enumerate(page.read_text().splitlines(), 1) if locate in text)
+    line = next(i for i, text in enumerate(page.read_text(encoding="utf-8").splitlines(), 1) if locate in text)
     problems = check_book.check_build(build)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"chapters/faulty.html:{line}: "), problems

@@ -66,7 +66,7 @@ def write_page(root: Path, name: str, body: str, number: int = 1) -> Path:
     page.write_text(PAGE.format(name=name, body=body, number=number), encoding="utf-8")
     src = root / "_sources" / "chapters" / f"{name}.ipynb"
     src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text("{}")
+    src.write_text("{}", encoding="utf-8")
     return page
 
 

@@ -18,7 +18,7 @@ MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/)")
 
 
 def toc_files() -> set[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
     return {ch["file"] for part in toc["parts"] for ch in part["chapters"]}
 
 
@@ -36,7 +36,7 @@ def test_title_and_setup_cell(path):
     nb = nbformat.read(path, as_version=4)
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     setup = next(c for c in nb.cells if c.cell_type == "code")
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     repo_url, branch = config["repository"]["url"], config["repository"]["branch"]
     assert f'REPO_URL = "{repo_url}"' in setup.source, \
         "setup cell must install from _config.yml's URL: run tools/set_repository.py"

@@ -59,7 +59,7 @@ def pages() -> list[Path]:
 def cells(path: Path) -> list[tuple[str, str]]:
     """(cell label, markdown text) for each markdown cell; a .md file is one cell."""
     if path.suffix == ".md":
-        return [("the page", path.read_text())]
+        return [("the page", path.read_text(encoding="utf-8"))]
     nb = nbformat.read(path, as_version=4)
     return [(f"cell {i} ({c.get('id', 'no id')})", c.source)
             for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]

@@ -5,7 +5,9 @@ import pytest
 from mgpu_lib.book.store import load_result, save_result
 from mgpu_lib.book.cli import main
 from mgpu_lib.book.profiles import PROFILES, active_profile, get_profile
-from mgpu_lib.training import TrainConfig, TrainResult, train
+from mgpu_lib.training import TrainConfig, train
+
+from helpers import make_result
 
 # Chance is 0.10 on ten balanced classes. The smoke profile at 4,000 images (width 8, 3 epochs)
 # measured 0.74 test accuracy on the offline copy (seed 0); at its 2,000 it passes this bar,
@@ -43,9 +45,7 @@ def test_diverging_lr_is_recorded_not_raised():
 
 
 def test_result_roundtrip(tmp_path):
-    r = TrainResult(config=TrainConfig().to_dict(), hardware="CPU", num_devices=1,
-                    data_source="local", steps_per_epoch=3, test_acc=[0.5], train_loss=[1.0],
-                    train_acc=[0.4], epoch_seconds=[2.0], images_per_second=[10.0])
+    r = make_result(1, data_source="local")
     save_result(r, tmp_path / "r.json")
     assert load_result(tmp_path / "r.json") == r
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]    # no temporary file left
@@ -102,6 +102,6 @@ def test_cli_trains_and_writes_json(tmp_path, capsys):
                                 "256", "--test-limit", "100", "--out", str(out))
     assert code == 0, err
     assert "test acc:" in stdout
-    saved = json.loads(out.read_text())
+    saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["config"]["num_epochs"] == 1 and saved["status"] == "ok"
     assert saved["config"]["width"] == 4 and saved["config"]["data_source"] == "synthetic"
