@@ -5,9 +5,10 @@ Sources, in the order `source="auto"` tries them:
 2. `torchvision`: the official download into `MGPU_DATA_DIR` (default `data/` at the repo root);
 3. `synthetic`: only with `allow_synthetic=True`, and always announced.
 
-Images stay uint8 on the target device; the iterator turns each batch into floats in [0, 1]
-(what the chapter's `ToTensor` does) with no per-sample PIL work. The chapter's own pipeline,
-built from the same tensors, is `chapter.load_fashion_mnist_chapter`.
+torchvision's `FashionMNIST` reads the files. Images stay uint8 on the target device; the
+iterator turns each batch into floats in [0, 1] (what the chapter's `ToTensor` does) with no
+per-sample PIL work. The chapter's own pipeline, built from the same tensors, is
+`chapter.load_fashion_mnist_chapter`.
 """
 from __future__ import annotations
 
@@ -17,80 +18,93 @@ import os
 import shutil
 import struct
 import tempfile
-from pathlib import Path
 import warnings
+import zlib
+from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import torch
+from torch.utils.data.distributed import DistributedSampler
 
+# The four files and their IDX shapes, smallest first: knowing the sizes lets a wrong or corrupt
+# file (one that inflates to gigabytes) be refused before it is read whole, and a bad small file
+# before the large ones are inflated.
 FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
+    "train_labels": ("train-labels-idx1-ubyte", (60000,)),
+    "test_labels": ("t10k-labels-idx1-ubyte", (10000,)),
+    "test_images": ("t10k-images-idx3-ubyte", (10000, 28, 28)),
+    "train_images": ("train-images-idx3-ubyte", (60000, 28, 28)),
 }
 CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat",
            "sandal", "shirt", "sneaker", "bag", "ankle boot")
 SOURCES = ("auto", "local", "torchvision", "synthetic")
-_MAGIC = {1: 0x801, 3: 0x803}   # IDX: unsigned byte data, 1 dim (labels) or 3 dims (images)
 
 
 class DataError(RuntimeError):
     """Data that is missing, corrupt or truncated; the message names the file."""
 
 
-def _name(path: Path) -> str:
-    """A file named with its folder, e.g. 'fashion-mnist/t10k-labels-idx1-ubyte.gz'."""
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
-
-
-def read_idx(path: Union[str, Path], ndim: int) -> torch.Tensor:
-    """Read a (gzipped) IDX file of unsigned bytes with `ndim` dimensions, validating it."""
-    path = Path(path)
-    name = _name(path)
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise DataError(f"{name}: cannot read ({e})") from None
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError(f"{name}: truncated header ({len(raw)} bytes)")
-    magic, *dims = struct.unpack(f">{1 + ndim}I", raw[:header])
-    if magic != _MAGIC[ndim]:
-        raise DataError(f"{name}: bad IDX magic {magic:#x}, expected {_MAGIC[ndim]:#x}")
-    expected = math.prod(dims)
-    if len(raw) - header != expected:
-        raise DataError(f"{name}: expected {expected} data bytes for shape {tuple(dims)}, "
-                        f"found {len(raw) - header} (truncated or corrupt)")
-    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
-
-
 def _find(folder: Path, stem: str) -> Optional[Path]:
-    for name in (stem + ".gz", stem):
-        for sub in (folder, folder / "FashionMNIST" / "raw"):
+    """The file in `folder` or in torchvision's `FashionMNIST/raw` below it; inflated first."""
+    for sub in (folder, folder / "FashionMNIST" / "raw"):
+        for name in (stem, stem + ".gz"):
             if (sub / name).is_file():
                 return sub / name
     return None
 
 
+def _stage(path: Path, dims: tuple, view: Path) -> None:
+    """Copy `path`, inflated, into the folder torchvision reads, if it is Fashion-MNIST's size.
+
+    A file longer than deflate's worst case (5 bytes a 64 KiB block, plus gzip's header) is
+    refused unread, and one byte past the expected size is the most ever inflated, so a file
+    that inflates to gigabytes is refused after reading a few MB.
+    """
+    name = f"{path.parent.name}/{path.name}"      # e.g. fashion-mnist/t10k-labels-idx1-ubyte.gz
+    head = struct.pack(f">{1 + len(dims)}I", 0x800 | len(dims), *dims)   # IDX: uint8 data
+    size = len(head) + math.prod(dims)
+    limit = size + 5 * (size // 65535 + 1) + 1024
+    if path.stat().st_size > limit:
+        raise DataError(f"{name}: {path.stat().st_size:,} bytes, more than Fashion-MNIST's "
+                        f"file of shape {dims} can be ({limit:,})")
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            data = f.read(size + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{name}: cannot read ({e})") from None
+    if data[:4] != head[:4]:
+        raise DataError(f"{name}: bad IDX magic {data[:4].hex() or 'none'}, expected "
+                        f"{head[:4].hex()}")
+    if data[:len(head)] != head:
+        shape = tuple(int.from_bytes(data[i:i + 4], "big") for i in range(4, len(head), 4))
+        raise DataError(f"{name}: shape {shape}, not Fashion-MNIST's {dims}")
+    if len(data) != size:
+        raise DataError(f"{name}: {'more' if len(data) > size else 'fewer'} than the {size:,} "
+                        f"bytes of shape {dims} (truncated or corrupt)")
+    (view / path.name.removesuffix(".gz")).write_bytes(data)
+
+
 def read_folder(folder: Union[str, Path]) -> dict[str, torch.Tensor]:
-    """The four tensors from a folder of standard Fashion-MNIST files, validated together."""
+    """The four tensors from a folder of standard Fashion-MNIST files, checked, read by
+    torchvision from a temporary view (the folder itself is never written)."""
+    from torchvision.datasets import FashionMNIST
+
     folder = Path(folder)
+    with tempfile.TemporaryDirectory(prefix="mgpu-fashion-") as tmp:
+        view = Path(tmp) / "FashionMNIST" / "raw"
+        view.mkdir(parents=True)
+        for stem, dims in FILES.values():
+            path = _find(folder, stem)
+            if path is None:
+                raise DataError(f"{stem}.gz not found in the Fashion-MNIST folder {folder}")
+            _stage(path, dims, view)
+        sets = {split: FashionMNIST(tmp, train=split == "train") for split in ("train", "test")}
     out = {}
-    for key, stem in FILES.items():
-        path = _find(folder, stem)
-        if path is None:
-            raise DataError(f"{stem}.gz not found in the Fashion-MNIST folder {folder}")
-        out[key] = read_idx(path, 3 if key.endswith("images") else 1)
-    for split in ("train", "test"):
-        images, labels = out[f"{split}_images"], out[f"{split}_labels"]
-        if images.shape[0] != labels.shape[0] or tuple(images.shape[1:]) != (28, 28):
-            raise DataError(f"{split} files disagree: images {tuple(images.shape)}, "
-                            f"labels {tuple(labels.shape)}")
-        if labels.numel() and int(labels.max()) >= len(CLASSES):
-            raise DataError(f"{FILES[split + '_labels']}: label {int(labels.max())} out of range")
+    for split, ds in sets.items():
+        if int(ds.targets.max()) >= len(CLASSES):
+            raise DataError(f"{FILES[split + '_labels'][0]}: label {int(ds.targets.max())} "
+                            f"out of range")
+        out[f"{split}_images"], out[f"{split}_labels"] = ds.data, ds.targets.to(torch.uint8)
     return out
 
 
@@ -103,26 +117,19 @@ def data_root() -> Path:
 
 
 def download(root: Union[str, Path, None] = None) -> Path:
-    """The official download through torchvision, into `root/FashionMNIST/raw`.
-
-    It downloads into a temporary folder beside the target, validates the files, then renames,
-    so an interrupted or failed download leaves nothing half-written in the data root.
-    """
+    """The official download through torchvision (each file's MD5 checked), into
+    `root/FashionMNIST/raw`. It downloads into a temporary folder beside the target, then
+    renames, so an interrupted or failed download leaves nothing half-written in `root`."""
     from torchvision.datasets import FashionMNIST
 
     root = Path(root) if root is not None else data_root()
-    target = root / "FashionMNIST"
-    if _find(root, FILES["train_images"]) is not None:
+    if all(_find(root, stem) for stem, _ in FILES.values()):
         return root
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=root))
-    try:
-        FashionMNIST(str(tmp), train=True, download=True)
-        read_folder(tmp)                       # refuse to install corrupt files
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp / "FashionMNIST", target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
+        FashionMNIST(tmp, train=True, download=True)
+        shutil.rmtree(root / "FashionMNIST", ignore_errors=True)
+        os.replace(Path(tmp) / "FashionMNIST", root / "FashionMNIST")
     return root
 
 
@@ -174,44 +181,66 @@ def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -
     return torch.sort(torch.cat(picks)).values
 
 
-class DeviceLoader:
-    """Batches from uint8 tensors that live on `device`, shuffled by `torch.randperm`.
+def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -> torch.Tensor:
+    """The sample indices rank `rank` trains on in `epoch` (what its `DistributedSampler` yields).
 
-    Each pass draws the next permutation from a generator seeded once, so two loaders with the
-    same seed yield the same batches, epoch after epoch. `drop_last` skips a final partial batch:
-    for training, where a batch of a handful of images gives BatchNorm useless statistics and
-    a full learning-rate step from a tiny sample (a 5,000-image subset at batch 128 would end
-    every epoch on 8 images, right before evaluation).
+    Shards are disjoint and cover all `n` samples when `world_size` divides `n`; otherwise the
+    sampler repeats up to `world_size - 1` samples so every rank runs the same number of steps.
+    """
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=seed)
+    sampler.set_epoch(epoch)    # without it every epoch would reuse the first epoch's order
+    return torch.tensor(list(sampler), dtype=torch.int64)
+
+
+class DeviceLoader:
+    """Batches from uint8 tensors that live on `device`, as floats in [0, 1].
+
+    Shuffled, each pass draws the next `torch.randperm` from a generator seeded once, so two
+    loaders with the same seed yield the same batches. DDP: with `world_size` > 1, rank `rank`
+    gets its `DistributedSampler` shard of the epoch set by `set_epoch` (`shard_indices`).
+    `drop_last` skips a final partial batch: for training, where a handful of images gives
+    BatchNorm useless statistics and a full learning-rate step from a tiny sample.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                  shuffle: bool, device: Union[str, torch.device, None] = None, seed: int = 0,
-                 source: str = "unknown", drop_last: bool = False):
+                 source: str = "unknown", drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.device = torch.device(device or "cpu")
         self.images = images.to(self.device)
         self.labels = labels.to(self.device, torch.int64)
         self.batch_size, self.shuffle, self.source = batch_size, shuffle, source
-        self.drop_last = drop_last and len(self.labels) >= batch_size
+        self.rank, self.world_size, self.seed, self.epoch = rank, world_size, seed, 0
+        self.per_rank = math.ceil(len(self.labels) / world_size)   # DistributedSampler's count
+        self.drop_last = drop_last and self.per_rank >= batch_size
         self._gen = torch.Generator().manual_seed(seed)
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose shard the next pass yields (as `DistributedSampler.set_epoch`)."""
+        self.epoch = epoch
+
     def __len__(self) -> int:
-        n, b = len(self.labels), self.batch_size
+        n, b = self.per_rank, self.batch_size
         return n // b if self.drop_last else math.ceil(n / b)
 
     @property
     def num_samples(self) -> int:
         return len(self.labels)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _order(self) -> torch.Tensor:
         n = len(self.labels)
-        order = (torch.randperm(n, generator=self._gen).to(self.device) if self.shuffle
-                 else torch.arange(n, device=self.device))
+        if self.world_size > 1:
+            return shard_indices(n, self.rank, self.world_size, self.epoch, self.seed)
+        return torch.randperm(n, generator=self._gen) if self.shuffle else torch.arange(n)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = self._order().to(self.device)
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = order[start:start + self.batch_size]
-            x = self.images[idx].unsqueeze(1).float().div_(255)
-            yield x, self.labels[idx]
+            yield self.images[idx].unsqueeze(1).float().div_(255), self.labels[idx]
 
 
 def load_raw(source: str = "auto", root: Union[str, Path, None] = None,

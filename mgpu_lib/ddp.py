@@ -11,7 +11,6 @@ and each process gets its share of the CPU threads, so N processes act as N "vir
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import textwrap
@@ -24,9 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
-from .data import DataError, DeviceLoader, load_subsets
+from .data import DataError, DeviceLoader, load_subsets, shard_indices  # noqa: F401 (page 05)
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
 from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
@@ -81,44 +79,6 @@ def cpu_threads(world_size: int, cpus: Optional[int] = None) -> int:
     return max(1, (cpus or os.cpu_count() or 1) // world_size)
 
 
-def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -> torch.Tensor:
-    """The sample indices rank `rank` trains on in `epoch` (what its `DistributedSampler` yields).
-
-    Shards are disjoint and cover all `n` samples when `world_size` divides `n`; otherwise the
-    sampler repeats up to `world_size - 1` samples so every rank runs the same number of steps.
-    """
-    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=seed)
-    sampler.set_epoch(epoch)    # without it every epoch would reuse the first epoch's order
-    return torch.tensor(list(sampler), dtype=torch.int64)
-
-
-class ShardLoader:
-    """This rank's batches of device-resident uint8 images, re-sharded each epoch."""
-
-    def __init__(self, images, labels, batch_size: int, rank: int, world_size: int, seed: int,
-                 source: str):
-        self.images, self.labels = images, labels.to(torch.int64)
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.seed, self.source, self.epoch = seed, source, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        # Like DeviceLoader for training: a final partial batch is dropped (BatchNorm would see a
-        # handful of images), unless the shard holds less than one batch.
-        per_rank = math.ceil(len(self.labels) / self.world_size)
-        return max(per_rank // self.batch_size, 1 if per_rank else 0)
-
-    def __iter__(self):
-        idx = shard_indices(len(self.labels), self.rank, self.world_size, self.epoch, self.seed)
-        idx = idx.to(self.images.device)
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
-            b = idx[start:start + self.batch_size]
-            yield self.images[b].unsqueeze(1).float().div_(255), self.labels[b]
-
-
 # ---- checkpoints ------------------------------------------------------------------------------
 
 def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, world_size: int,
@@ -143,6 +103,12 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
         Path(tmp).unlink(missing_ok=True)
         raise
     return folder / CKPT_NAME
+
+
+def remove_partial_checkpoints(folder) -> None:
+    """Delete what saves killed midway left in `folder` (`save_checkpoint`'s temporary files)."""
+    for tmp in Path(folder).glob(f".{CKPT_NAME}.*"):
+        tmp.unlink(missing_ok=True)
 
 
 def check_fresh(folder) -> None:
@@ -239,7 +205,7 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
 
 # ---- one rank ---------------------------------------------------------------------------------
 
-@record     # an exception goes to this rank's TORCHELASTIC_ERROR_FILE, for `supervise.failure`
+@record     # an exception goes to this rank's TORCHELASTIC_ERROR_FILE, for `launcher.failure`
 def run(config: TrainConfig, **kw) -> Optional[TrainResult]:
     """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment).
 
@@ -262,6 +228,8 @@ def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if checkpoint and not resume:
         check_fresh(checkpoint)      # before any rendezvous: every rank refuses alike
+    if checkpoint and rank == 0:     # rank 0 alone saves, and is not saving yet
+        remove_partial_checkpoints(checkpoint)
     backend = choose_backend(backend)
     local_batch = local_batch_size(config.batch_size, world)   # fail before any rendezvous
     if backend == "nccl":
@@ -287,8 +255,9 @@ def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, d
                                               config.train_limit, config.test_limit)
     if rank == 0:
         dist.barrier()
-    train_iter = ShardLoader(xtr.to(device), ytr.to(device), local_batch, rank, world,
-                             config.seed, origin)
+    train_iter = DeviceLoader(xtr, ytr, local_batch, shuffle=True, device=device,
+                              seed=config.seed, source=origin, drop_last=True, rank=rank,
+                              world_size=world)
     test_iter = DeviceLoader(xte, yte, config.batch_size, shuffle=False, device=device,
                              source=origin)
     return train_iter, test_iter

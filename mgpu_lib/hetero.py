@@ -1,8 +1,9 @@
 """Exercise 2: one batch split across devices of different power (a GPU and the CPU).
 
 `split.py` does the arithmetic: shares of the batch in proportion to measured speeds, and
-whether the saved compute outweighs the sync. This module measures those speeds and the sync,
-and `HeteroDataParallel` does the split for real, one replica per device.
+whether the saved compute outweighs the sync. This module measures those speeds, and
+`HeteroDataParallel` does the split for real, one replica per device; `train_hetero` trains
+with it. The page's measurements of the sync and of each split are in `lab/hetero_bench.py`.
 
 On a machine without a GPU, `default_setup()` stands two CPU replicas in for two devices:
 each gets half the cores, and the second idles after its real work as long as a device
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -24,7 +24,7 @@ from torch import nn
 
 from .data import load_fashion_mnist
 from .devices import cpu_name, describe_devices, num_gpus, synchronize, timed
-from .split import check_speeds, predict_hetero_step, split_sizes
+from .split import check_speeds, split_sizes
 from .training import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
 
 SIMULATED = "SIMULATED"
@@ -72,17 +72,6 @@ def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 
         for _ in range(steps):
             one_step()
     return batch_size * steps / t.seconds
-
-
-def median_seconds(fn, devices, steps: int) -> float:
-    """Median seconds of `fn()` over `steps` timed calls, after one untimed warm-up call."""
-    fn()
-    times = []
-    for _ in range(steps):
-        with timed(devices) as t:
-            fn()
-        times.append(t.seconds)
-    return statistics.median(times)
 
 
 @contextlib.contextmanager
@@ -178,10 +167,10 @@ class HeteroDataParallel:
                                             y[start:start + n], n / len(y), loss_fn)
             start += n
         outs = {i: job.result() for i, job in jobs.items()}
-        self._reduce_grads(list(jobs))
+        self.reduce_grads(list(jobs))
         optimizer.step()
         self._average_buffers(list(jobs), sizes)
-        self._broadcast()
+        self.broadcast()
         main = self.devices[0]
         loss_sum = sum(outs[i][0].to(main) * sizes[i] for i in outs)
         correct = sum(outs[i][1].to(main) for i in outs)
@@ -192,7 +181,7 @@ class HeteroDataParallel:
         return forward_backward(self.replicas[i], x.to(d, non_blocking=True),
                                 y.to(d, non_blocking=True), loss_fn, weight, self.slowdowns[i])
 
-    def _reduce_grads(self, active: list[int]) -> None:
+    def reduce_grads(self, active: list[int]) -> None:
         """Sum every active replica's gradients into the main replica's."""
         with torch.no_grad():
             for i in active:
@@ -221,7 +210,7 @@ class HeteroDataParallel:
                 else:                         # num_batches_tracked: every active one counted
                     b.copy_(torch.stack(parts).max())
 
-    def _broadcast(self) -> None:
+    def broadcast(self) -> None:
         """Copy the main replica's weights and buffers to every other replica."""
         with torch.no_grad():
             for r in self.replicas[1:]:
@@ -229,43 +218,6 @@ class HeteroDataParallel:
                     q.copy_(p)
                 for q, p in zip(r.buffers(), self.module.buffers()):
                     q.copy_(p)
-
-
-def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
-    """Seconds per step for the sync alone: gradients to the main device, weights back.
-
-    Leaves the weights as they were (no optimizer step); the main replica's gradients are
-    cleared afterwards.
-    """
-    everyone = list(range(len(hdp.devices)))
-    for r in hdp.replicas:
-        for p in r.parameters():
-            p.grad = torch.ones_like(p)
-
-    def sync():
-        hdp._reduce_grads(everyone)
-        hdp._broadcast()
-
-    seconds = median_seconds(sync, hdp.devices, steps)
-    for r in hdp.replicas:
-        r.zero_grad(set_to_none=True)
-    return seconds
-
-
-def time_split(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, sizes: Sequence[int], *,
-               steps: int = 3) -> float:
-    """Measured median seconds per `hdp.step` with the given shard sizes (after one warm-up)."""
-    return median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn, sizes), hdp.devices, steps)
-
-
-def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Sequence[float],
-                sync_s: float, shares: Sequence[int], *, steps: int = 3) -> list[dict]:
-    """For each share of the batch `x` given to the second device: seconds per step predicted
-    (`split.predict_hetero_step`) and measured (`time_split`), one row per share."""
-    b = len(x)
-    return [dict(share=k, predicted_s=predict_hetero_step(speeds, [b - k, k], sync_s),
-                 measured_s=time_split(hdp, x, y, optimizer, loss_fn, [b - k, k], steps=steps))
-            for k in shares]
 
 
 # ---- a small trainer ------------------------------------------------------------------------
@@ -290,7 +242,7 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
         speeds = [measure_throughput(net, d, config.batch_size, steps=2, warmup=1, slowdown=k)
                   for d, k in zip(setup.devices, setup.slowdowns)]
         with HeteroDataParallel(net, setup.devices, speeds, slowdowns=setup.slowdowns) as hdp:
-            extra = dict(setup=asdict(setup), speeds=speeds, sync_s=measure_sync(hdp),
+            extra = dict(setup=asdict(setup), speeds=speeds,
                          sizes=split_sizes(config.batch_size, speeds))
             result = TrainResult.create(config, hardware=setup.label,
                                         num_devices=len(setup.devices),

@@ -1,56 +1,110 @@
 import gzip
+import math
 import os
+import re
 import struct
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import torch
 
 from mgpu_lib import data
-from mgpu_lib.data import DataError, balanced_subset, load_fashion_mnist, read_idx
+from mgpu_lib.data import DataError, DeviceLoader, balanced_subset, load_fashion_mnist
 
 
-def write_idx(path: Path, tensor: torch.Tensor, magic=None, cut: int = 0) -> Path:
-    dims = tuple(tensor.shape)
-    magic = magic if magic is not None else (0x800 | len(dims))
-    raw = struct.pack(f">{1 + len(dims)}I", magic, *dims) + tensor.numpy().tobytes()
-    with gzip.open(path, "wb") as f:
-        f.write(raw[:len(raw) - cut])
-    return path
+def idx(dims: tuple, magic=None) -> bytes:
+    """An IDX file of zeros with Fashion-MNIST's `dims` (zeros inflate ~1000x: KBs on disk)."""
+    magic = 0x800 | len(dims) if magic is None else magic
+    return struct.pack(f">{1 + len(dims)}I", magic, *dims) + bytes(math.prod(dims))
 
 
-def write_folder(folder: Path, n_train=40, n_test=20, **corrupt) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = data.synthetic_fashion_mnist(n_train, n_test, seed=3)
-    for key, stem in data.FILES.items():
-        write_idx(folder / f"{stem}.gz", raw[key], **corrupt.get(key, {}))
+@pytest.fixture(scope="module")
+def good_files(tmp_path_factory) -> dict:
+    """The four files at Fashion-MNIST's sizes, gzipped, by key."""
+    folder = tmp_path_factory.mktemp("good")
+    out = {}
+    for key, (stem, dims) in data.FILES.items():
+        out[key] = folder / f"{stem}.gz"
+        out[key].write_bytes(gzip.compress(idx(dims), compresslevel=1))
+    return out
+
+
+def folder_with(folder: Path, good_files: dict, **bad: bytes) -> Path:
+    """A Fashion-MNIST folder: links to `good_files`, except the keys in `bad` (their bytes)."""
+    folder.mkdir(parents=True)
+    for key, path in good_files.items():
+        target = folder / path.name
+        if key in bad:
+            target.write_bytes(bad[key])
+        else:
+            target.symlink_to(path)
     return folder
 
 
-def test_read_idx_roundtrip(tmp_path):
-    x = torch.randint(0, 256, (3, 28, 28), dtype=torch.uint8)
-    assert torch.equal(read_idx(write_idx(tmp_path / "a.gz", x), 3), x)
+def test_a_good_folder_is_read_by_torchvision_and_never_written(tmp_path, good_files):
+    folder = folder_with(tmp_path / "fm", good_files)
+    before = sorted((p.name, p.lstat().st_mtime_ns) for p in folder.iterdir())
+    raw = data.read_folder(folder)
+    assert raw["train_images"].shape == (60000, 28, 28) and raw["test_labels"].shape == (10000,)
+    assert raw["train_images"].dtype == torch.uint8 and int(raw["train_labels"].max()) == 0
+    assert sorted((p.name, p.lstat().st_mtime_ns) for p in folder.iterdir()) == before
+    # torchvision's own layout (a download) is found too; an inflated file is read as it is
+    raw_dir = folder_with(tmp_path / "root" / "FashionMNIST" / "raw", good_files)
+    (raw_dir / "t10k-labels-idx1-ubyte").write_bytes(idx((10000,)))
+    assert data.read_folder(tmp_path / "root")["test_labels"].shape == (10000,)
 
 
-def test_bad_magic_is_a_data_error_naming_the_file(tmp_path):
-    folder = write_folder(tmp_path / "fm", train_images={"magic": 0x1234})
-    with pytest.raises(DataError, match=r"train-images-idx3-ubyte.gz: bad IDX magic"):
+def one_line_error(folder: Path) -> str:
+    with pytest.raises(DataError) as e:
         load_fashion_mnist(8, source="local", root=folder)
+    assert "\n" not in str(e.value)
+    return str(e.value)
 
 
-def test_truncated_file_is_a_data_error(tmp_path):
-    folder = write_folder(tmp_path / "fm", test_labels={"cut": 5})
-    with pytest.raises(DataError, match=r"fm/t10k-labels-idx1-ubyte.gz: expected 20 data bytes"):
-        load_fashion_mnist(8, source="local", root=folder)
+def test_bad_magic_is_a_data_error_naming_the_file(tmp_path, good_files):
+    bad = gzip.compress(idx((10000, 28, 28), magic=0x1234)[:64])
+    folder = folder_with(tmp_path / "fm", good_files, test_images=bad)
+    assert "fm/t10k-images-idx3-ubyte.gz: bad IDX magic" in one_line_error(folder)
 
 
-def test_not_gzip_is_a_data_error(tmp_path):
-    folder = write_folder(tmp_path / "fm")
-    (folder / "train-labels-idx1-ubyte.gz").write_bytes(b"not a gzip file at all")
-    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte.gz: cannot read"):
-        load_fashion_mnist(8, source="local", root=folder)
+def test_wrong_shape_is_a_data_error(tmp_path, good_files):
+    folder = folder_with(tmp_path / "fm", good_files, test_labels=gzip.compress(idx((40,))))
+    assert "t10k-labels-idx1-ubyte.gz: shape (40,), not Fashion-MNIST's" in one_line_error(folder)
+
+
+def test_truncated_file_is_a_data_error(tmp_path, good_files):
+    cut = gzip.compress(idx((10000,))[:-5])
+    folder = folder_with(tmp_path / "fm", good_files, test_labels=cut)
+    assert re.match(r"fm/t10k-labels-idx1-ubyte.gz: fewer than the 10,008 bytes .*truncated",
+                    one_line_error(folder))
+
+
+def test_not_gzip_is_a_data_error(tmp_path, good_files):
+    folder = folder_with(tmp_path / "fm", good_files, train_labels=b"not a gzip file at all")
+    assert "train-labels-idx1-ubyte.gz: cannot read" in one_line_error(folder)
+
+
+def test_a_file_that_inflates_to_gigabytes_is_refused_unread(tmp_path, good_files):
+    """Issue 33: a 3 MB labels file that inflates to 3 GB was read whole before it was refused
+    (a MemoryError traceback under a 4 GB limit). gzip members concatenate, so 3,000 copies of
+    1 MiB of zeros, compressed once, make that file in milliseconds."""
+    mib = gzip.compress(bytes(2**20), compresslevel=9)           # about 1 KB
+    head = gzip.compress(struct.pack(">II", 0x801, 60000))
+    big = folder_with(tmp_path / "big", good_files, train_labels=head + mib * 3000)
+    assert "more than Fashion-MNIST's file of shape (60000,) can be" in one_line_error(big)
+    # Small enough on disk, 40 MiB inflated: refused after reading one byte past 60,008.
+    folder = folder_with(tmp_path / "fm", good_files, train_labels=head + mib * 40)
+    tracemalloc.start()
+    try:
+        message = one_line_error(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.startswith("fm/train-labels-idx1-ubyte.gz: more than the 60,008 bytes")
+    assert peak < 8 * 2**20, peak
 
 
 def test_missing_folder_and_unknown_source(tmp_path):
@@ -61,17 +115,20 @@ def test_missing_folder_and_unknown_source(tmp_path):
 
 
 def test_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
-    """A download that writes a corrupt file is refused, and the data root stays clean."""
+    """A download that fails half-way (torchvision's MD5 check) leaves the data root clean."""
     import torchvision.datasets
 
     class CorruptDownload:
         def __init__(self, root, train=True, download=False):
             raw_dir = Path(root) / "FashionMNIST" / "raw"
-            write_folder(raw_dir, train_images={"cut": 100})
+            raw_dir.mkdir(parents=True)
+            (raw_dir / "train-images-idx3-ubyte.gz").write_bytes(b"half a file")
+            raise RuntimeError("File not found or corrupted.")
 
+    monkeypatch.setenv("MGPU_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(torchvision.datasets, "FashionMNIST", CorruptDownload)
-    with pytest.raises(DataError, match="train-images"):
-        data.download(tmp_path)
+    with pytest.raises(DataError, match=r"could not be downloaded \(RuntimeError: File not"):
+        data.load_raw("torchvision")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -147,3 +204,26 @@ def test_synthetic_has_fashion_mnist_shapes():
     raw = data.synthetic_fashion_mnist(100, 50)
     assert raw["train_images"].shape == (100, 28, 28) and raw["train_images"].dtype == torch.uint8
     assert torch.equal(raw["test_labels"], data.synthetic_fashion_mnist(100, 50)["test_labels"])
+
+
+def test_one_loader_shards_for_ddp_as_distributed_sampler_does():
+    """`DeviceLoader(rank=, world_size=)` yields the rank's `shard_indices` for the epoch set by
+    `set_epoch`, as floats in [0, 1], dropping a last partial batch (it was ddp.ShardLoader)."""
+    n, world = 10, 3
+    images = torch.arange(n, dtype=torch.uint8)[:, None, None].expand(n, 28, 28)
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(world):
+            loader = DeviceLoader(images, torch.arange(n), 2, shuffle=True, seed=5,
+                                  drop_last=True, rank=rank, world_size=world)
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert len(loader) == len(batches) == 2          # 4 per rank: 2 full batches
+            x = torch.cat([x for x, _ in batches])
+            y = torch.cat([y for _, y in batches])
+            assert torch.equal(y, data.shard_indices(n, rank, world, epoch, seed=5)[:4])
+            assert torch.equal(x[:, 0, 0, 0], y.float() / 255)
+            seen.append(y)
+        if epoch == 0:
+            first = seen
+    assert any(not torch.equal(a, b) for a, b in zip(first, seen))   # set_epoch reshuffles

@@ -1,7 +1,10 @@
 """The fast path against the chapter's loop: same numbers, switches chosen safely, the bench,
 and the accuracy study's pairing."""
+import os
+import subprocess
 import sys
 
+import psutil
 import pytest
 import torch
 from torch import nn
@@ -15,10 +18,11 @@ from mgpu_lib.chapter import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.devices import cpu_bf16_support
 from mgpu_lib.book.plots import plot_accuracy_pairs
-from mgpu_lib.book.sweep import Record
 from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
                                prepare_model, resolve_switches)
 from mgpu_lib.training import TrainConfig, make_model, make_step, train
+
+from helpers import make_result
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +116,37 @@ def test_chapter_workers_is_four_capped_at_the_cores():
         chapter_workers(-1)
 
 
+def test_a_million_workers_is_refused_in_one_line_before_any_process(monkeypatch, capsys):
+    """Issue 33: `bench --workers 1000000` forked DataLoader workers at about 40 a second (473
+    processes and 6.5 GB after 9 s); `train --fast off --num-workers 1000000` did the same."""
+    import multiprocessing.process
+
+    def no_fork(self):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", no_fork)
+    assert chapter_workers(4 * (os.cpu_count() or 1)) >= 1     # 4 a core is allowed
+    for argv in (["bench", "--workers", "1000000", "--device", "cpu"],
+                 ["train", "--fast", "off", "--num-workers", "1000000", "--profile", "smoke"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "DataLoader workers must be 0 to" in err, err
+    assert psutil.Process().children() == []
+
+
+def test_the_cli_imports_where_there_is_no_resource_module(monkeypatch):
+    """`bench` imported `resource` (POSIX only) at module level, so `python -m mgpu_lib` could not
+    start on Windows. psutil is imported first: on Linux it needs `resource` itself."""
+    code = ("import sys, runpy, psutil; sys.modules['resource'] = None; "
+            "sys.argv = ['mgpu_lib', '--help']; runpy.run_module('mgpu_lib', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and "bench" in run.stdout, run.stderr[-2000:]
+    assert bench.peak_rss_mb() > 0
+    monkeypatch.setattr(bench, "resource", None)
+    assert bench.peak_rss_mb() > 0                 # psutil's figure
+
+
 @pytest.mark.slow
 def test_train_runs_both_paths():
     config = TrainConfig(width=4, batch_size=32, num_epochs=1, train_limit=128, test_limit=64,
@@ -184,12 +219,9 @@ def test_chapter_loader_visits_images_in_the_device_loaders_order():
 
 
 def _run(seed, test, train_acc=0.9, fast=True, bf16=False):
-    config = TrainConfig(width=4, seed=seed, fast=fast, profile="cpu").to_dict()
     switches = Switches(device_data=True, channels_last=True, bf16=bf16) if fast else REFERENCE
-    return Record(config=config, options={}, status="ok", hardware="CPU", profile="cpu",
-                  num_devices=1, steps_per_epoch=1, data_source="synthetic",
-                  metrics={"test_acc": [0.5, test], "train_acc": [0.5, train_acc]},
-                  extra={"switches": switches.to_dict()})
+    return make_result(2, config=dict(width=4, seed=seed, fast=fast), test_acc=[0.5, test],
+                       train_acc=[0.5, train_acc], extra={"switches": switches.to_dict()})
 
 
 def test_summarize_accuracy_pairs_each_fast_run_with_its_seeds_reference():

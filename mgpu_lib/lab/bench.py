@@ -8,16 +8,21 @@ same for any set of switches (the ablation on the Performance page).
 """
 from __future__ import annotations
 
-import resource
 import statistics
+import sys
 from dataclasses import replace
 from itertools import islice
-from typing import Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
+try:                # POSIX only: Windows has no `resource`, and reads psutil's peak instead
+    import resource
+except ImportError:
+    resource = None
 
+import psutil
 import torch
 from torch import nn
 
-from ..chapter import ChapterLoader, PILImages, chapter_loader, chapter_step, chapter_workers
+from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
 from ..model import resnet18, train_flops
@@ -59,27 +64,43 @@ class _Mode:
         self.net = prepare_model(make_model(TrainConfig(width=width), device), switches)
         model = torch.compile(self.net) if switches.compile else self.net
         optimizer = torch.optim.SGD(self.net.parameters(), lr=0.05)
-        if switches == REFERENCE:    # the chapter's own loader and loop body, line by line
-            self.step = chapter_step(model, optimizer, nn.CrossEntropyLoss(), device)
-            self.loader = ChapterLoader(PILImages(images, labels), batch, shuffle=True,
-                                        num_workers=chapter_workers(num_workers))
-        else:
-            self.step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
-            self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
-                           if switches.device_data else
-                           chapter_loader(images, labels, batch, shuffle=True,
-                                          num_workers=num_workers))
+        self.step = (chapter_step(model, optimizer, nn.CrossEntropyLoss(), device)
+                     if switches == REFERENCE else   # the chapter's loop body, line by line
+                     make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches))
+        self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
+                       if switches.device_data else    # else the chapter's loader
+                       chapter_loader(images, labels, batch, shuffle=True,
+                                      num_workers=num_workers))
         self.batches = iter(self.loader)    # kept alive: worker start-up is not timed
 
     def run(self, steps: int) -> float:
-        """Train `steps` steps; returns images per second, timed after synchronizing."""
+        """Train `steps` steps; returns images per second."""
         self.net.train()
-        n = 0
-        with cudnn_benchmark(self.switches.cudnn_benchmark), timed([self.device]) as t:
-            for x, y in islice(self.batches, steps):
-                self.step(x, y)
-                n += len(y)
-        return n / t.seconds
+        with cudnn_benchmark(self.switches.cudnn_benchmark):
+            return images_per_second(self.batches, steps, self.device, self.step)
+
+
+def images_per_second(batches: Iterator, steps: int, device, step: Optional[Callable] = None
+                      ) -> float:
+    """Images per second of the next `steps` batches of `batches`, each moved to `device` and
+    passed to `step(x, y)` (None: only delivered), timed by `devices.timed`."""
+    n = 0
+    with timed([device]) as t:
+        for x, y in islice(batches, steps):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if step is not None:
+                step(x, y)
+            n += len(y)
+    return n / t.seconds
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB (where psutil has no peak: its current RSS)."""
+    if resource is not None:     # ru_maxrss: bytes on macOS, KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    info = psutil.Process().memory_info()
+    return getattr(info, "peak_wset", info.rss) / 2**20      # peak_wset: Windows
 
 
 def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int = 5,
@@ -151,6 +172,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
           bf16=AUTO, norm_fp32: bool = False) -> dict:
     """The chapter's loop vs the fast loop ("auto" switches for `device`, with `bf16` and
     `norm_fp32` as given), measured together."""
+    workers = chapter_workers(num_workers)       # a bad count is refused before any work
     device = bench_device(device)
     fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
                                         norm_fp32=norm_fp32), device)
@@ -160,7 +182,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     flops = add_tflops(modes, width, device)
     config = dict(device=str(device), width=width, batch_size=batch_size, steps=steps,
                   repeats=repeats, warmup_steps=warmup_steps,
-                  num_workers=chapter_workers(num_workers), bf16=bf16, norm_fp32=norm_fp32)
+                  num_workers=workers, bf16=bf16, norm_fp32=norm_fp32)
     # No profile: a benchmark's arguments (its config) set every size.
     return {**header(hardware=describe_devices([device]), profile=None, config=config),
             "kind": "bench", "device": str(device),
@@ -169,7 +191,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
             "train_flops_per_image": flops, "cpu_bf16": cpu_bf16_support(),
             "chapter_loop": CHAPTER_LOOP, "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
-            "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "process_peak_rss_mb": peak_rss_mb()}
 
 
 def format_bench(result: dict) -> list:

@@ -18,28 +18,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..chapter import PILImages
 from ..data import DeviceLoader
-from ..devices import timed
 from ..hetero import forward_backward
-
-
-class AugmentedImages(torch.utils.data.Dataset):
-    """uint8 images [N, 28, 28] with the classic per-sample CPU pipeline:
-    PIL image, RandomCrop(28, padding=2), RandomHorizontalFlip, ToTensor."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        from torchvision import transforms
-        self.images, self.labels = images.numpy(), labels.to(torch.int64)
-        self.transform = transforms.Compose([transforms.RandomCrop(28, padding=2),
-                                             transforms.RandomHorizontalFlip(),
-                                             transforms.ToTensor()])
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-        return self.transform(Image.fromarray(self.images[i], mode="L")), self.labels[i]
+from .bench import images_per_second
 
 
 def augment_batch(x: torch.Tensor, generator: torch.Generator = None) -> torch.Tensor:
@@ -58,12 +40,16 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator = None) -> torch.T
 
 def data_loader(images, labels, batch_size: int, num_workers: int, *, device,
                 seed: int = 0) -> torch.utils.data.DataLoader:
-    """The per-sample pipeline; pinned memory and two batches prefetched per worker on CUDA."""
-    cuda = torch.device(device).type == "cuda"
+    """The classic per-sample CPU pipeline (PIL image, RandomCrop(28, padding=2),
+    RandomHorizontalFlip, ToTensor); pinned memory and two batches prefetched per worker on
+    CUDA."""
+    from torchvision import transforms
+    augment = transforms.Compose([transforms.RandomCrop(28, padding=2),
+                                  transforms.RandomHorizontalFlip(), transforms.ToTensor()])
     extra = dict(prefetch_factor=2) if num_workers > 0 else {}
     return torch.utils.data.DataLoader(
-        AugmentedImages(images, labels), batch_size=batch_size, shuffle=True,
-        num_workers=num_workers, pin_memory=cuda,
+        PILImages(images, labels, augment), batch_size=batch_size, shuffle=True,
+        num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
         generator=torch.Generator().manual_seed(seed), **extra)
 
 
@@ -114,26 +100,6 @@ class PipelineResult:
     train_ips: float    # images/s of training steps fed by it
 
 
-def time_batches(make_batches: Callable[[], Iterable], device, steps: int,
-                 step_fn: Callable = None, warmup: int = 2) -> float:
-    """Images per second over `steps` batches after `warmup` (worker start-up excluded)."""
-    it = iter(make_batches())
-
-    def one(count: bool) -> int:
-        x, y = next(it)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        if step_fn is not None:
-            step_fn(x, y)
-        return len(y) if count else 0
-
-    for _ in range(warmup):
-        one(False)
-    with timed([device]) as t:
-        n = sum(one(True) for _ in range(steps))
-    del it                     # shuts down DataLoader workers
-    return n / t.seconds
-
-
 def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[], Iterable]]:
     """The pipelines compared, by name; each value makes a fresh iterator of batches."""
     def loader(w):
@@ -165,10 +131,12 @@ def measure_pipelines(net: nn.Module, images, labels, batch_size: int, device, *
         forward_backward(net, x, y, loss_fn)
         optimizer.step()
 
+    def rate(make_batches, step=None) -> float:
+        batches = iter(make_batches())
+        images_per_second(batches, 2, device, step)     # warm-up: worker start-up not timed
+        return images_per_second(batches, steps, device, step)
+
     fixed = next(iter(device_batches(images, labels, batch_size, device=device)))
-    compute = time_batches(lambda: iter(lambda: fixed, None), device, steps, train_step)
-    results = []
-    for name, make in pipelines(images, labels, batch_size, device).items():
-        results.append(PipelineResult(name, time_batches(make, device, steps),
-                                      time_batches(make, device, steps, train_step)))
-    return compute, results
+    compute = rate(lambda: iter(lambda: fixed, None), train_step)
+    return compute, [PipelineResult(name, rate(make), rate(make, train_step))
+                     for name, make in pipelines(images, labels, batch_size, device).items()]
