@@ -95,29 +95,11 @@ def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dic
             "hardware": hardware, "profile": profile, "config": dict(config)}
 
 
-def run_problem(d) -> Optional[str]:
-    """What keeps `d` from being a whole run (a config with its epochs and seed, every metric a
-    list of numbers, a known status), or None."""
-    if not isinstance(d, dict):
-        return "not a JSON object"
-    config = d.get("config")
-    if not isinstance(config, dict) or not all(isinstance(config.get(k), int)
-                                               for k in ("num_epochs", "seed")):
-        return "its config has no whole num_epochs and seed"
-    for m in METRICS:
-        values = d.get(m)
-        if not isinstance(values, list) or not all(isinstance(v, (int, float))
-                                                   and not isinstance(v, bool) for v in values):
-            return f"metric {m} is missing or not a list of numbers"
-    if d.get("status", "ok") not in STATUSES:
-        return f"status {d.get('status')!r} is not one of {', '.join(STATUSES)}"
-    return None
-
-
 @dataclass
 class TrainResult:
     """What a run measured, epoch by epoch: the one record type (a run, a sweep point).
-    `status` is "ok", "diverged", or "failed" (a DDP job that did not finish)."""
+    `status` is "ok", "diverged", or "failed" (a DDP job that did not finish). `book.store`
+    validates one read from a file (`run_problem`)."""
     config: dict
     hardware: str
     num_devices: int
@@ -130,6 +112,8 @@ class TrainResult:
     images_per_second: list = field(default_factory=list)
     status: str = "ok"
     extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
+    options: dict = field(default_factory=dict)  # a sweep point's: warmup_epochs, nprocs
+    derived_from: Optional[str] = None   # a sweep point cut from a longer run: that run's key
     # The rest of the header; `create` fills it, a direct construction leaves it unknown.
     schema: int = SCHEMA
     mgpu_lib: Optional[str] = None
@@ -145,6 +129,19 @@ class TrainResult:
         head = record_header(hardware=hardware, profile=config.profile, config=config.to_dict())
         return cls(**head, num_devices=num_devices, data_source=data_source,
                    steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
+
+    @property
+    def seed(self) -> int:
+        return self.config["seed"]
+
+    @property
+    def metrics(self) -> dict:
+        """The per-epoch lists by name (`METRICS`)."""
+        return {m: getattr(self, m) for m in METRICS}
+
+    def get(self, name: str):
+        """A sweep option or a config field by name (what a sweep's table groups by)."""
+        return self.options[name] if name in self.options else self.config[name]
 
     @property
     def final_test_acc(self) -> float:
@@ -171,15 +168,12 @@ class TrainResult:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
-        """A result from its JSON; a one-line ValueError if it is not a whole one. A record
-        from before the header is LEGACY_SCHEMA, its versions unknown."""
-        problem = run_problem(d)
+        """A result from its JSON (one from before the header is LEGACY_SCHEMA, its versions
+        unknown); a one-line ValueError if its fields are not a result's."""
         try:
-            if problem is None:
-                return cls(**{"schema": LEGACY_SCHEMA, **d})
+            return cls(**{"schema": LEGACY_SCHEMA, **d})
         except TypeError as e:
-            problem = str(e)
-        raise ValueError(f"{where} is not a train result ({problem})")
+            raise ValueError(f"{where} is not a train result ({e})") from None
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
@@ -229,13 +223,13 @@ def make_model(config: TrainConfig, device) -> nn.Module:
     return init_weights(resnet18(width=config.width)).to(device)
 
 
-def make_step(model: nn.Module, optimizer, loss_fn, device, switches: Optional[Switches] = None):
-    """`step(x, y)`: one SGD step on a batch, returning (sum of losses, correct) as tensors on
+def make_step(model: nn.Module, optimizer, loss_fn, device,
+              switches: Optional[Switches] = None):
+    """`step(x, y)`: one SGD step, returning (sum of losses, correct) as tensors on
     `device`. Nothing is read back to the host: a `.item()` here would stall the GPU.
-
-    Under fp16 autocast a `GradScaler` scales the loss, so small gradients do not underflow.
+    With fp16 autocast a `GradScaler` scales the loss (small gradients would underflow).
     """
-    scaler = torch.amp.GradScaler("cuda") if switches is not None and switches.fp16 else None
+    scaler = torch.amp.GradScaler("cuda") if getattr(switches, "fp16", False) else None
 
     def step(x, y):
         x, y = _prepare(x, y, device, switches)
@@ -254,22 +248,22 @@ def make_step(model: nn.Module, optimizer, loss_fn, device, switches: Optional[S
     return step
 
 
-def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: int, devices,
-        evaluate: Optional[Callable[[], float]] = None, start_epoch: int = 0,
+def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: int,
+        devices, evaluate: Optional[Callable[[], float]] = None, start_epoch: int = 0,
         before_epoch: Optional[Callable[[int], None]] = None,
-        reduce: Optional[Callable[[torch.Tensor], None]] = None,
-        on_epoch: Optional[Callable[[TrainResult], None]] = None, bar=None) -> TrainResult:
-    """The epoch loop: train, time, check for divergence, evaluate; fills `result` in place.
+        reduce: Optional[Callable[[torch.Tensor], None]] = None, bar=None,
+        on_epoch: Optional[Callable[[TrainResult], None]] = None) -> TrainResult:
+    """The epoch loop: train, time, check for divergence, evaluate; fills `result`.
 
     Args:
         step: `step(x, y) -> (sum of losses, correct)`, tensors (see `make_step`).
-        model: put in train mode at the start of every epoch (`evaluate` leaves it in eval).
+        model: put in train mode every epoch (`evaluate` leaves it in eval).
         devices: synchronized around each epoch's timer.
-        evaluate: `() -> test accuracy` after every epoch (None: no test accuracy, e.g. DDP's
-            ranks other than 0).
-        before_epoch: called with the epoch index first (DDP: reshard the data, then a barrier).
-        reduce: sums the epoch's `[loss sum, correct, samples]` across processes, in place.
-        on_epoch: called with `result` after every finished epoch (a live plot, a checkpoint).
+        evaluate: `() -> test accuracy` after every epoch (None: none, e.g. DDP's ranks
+            other than 0).
+        before_epoch: called with the epoch index first (DDP: reshard, then a barrier).
+        reduce: sums the epoch's `[loss sum, correct, samples]` across processes.
+        on_epoch: called with `result` after every epoch (a live plot, a checkpoint).
         bar: a tqdm bar, advanced once per step.
     """
     for epoch in range(start_epoch, num_epochs):
@@ -355,17 +349,17 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
         config: what to train.
         data: `(train_iter, test_iter)`; loaded from `config` when None.
         progress: show a progress bar over steps.
-        on_epoch: called with the result after every epoch (e.g. `plots.LivePlot().update`).
-        make_optimizer: `(parameters, steps_per_epoch) -> optimizer`, for a schedule such as
-            a warmup (default: the chapter's plain SGD at `config.lr`).
+        on_epoch: called with the result after every epoch (`plots.LivePlot().update`).
+        make_optimizer: `(parameters, steps_per_epoch) -> optimizer`, e.g. a warmup
+            (default: the chapter's plain SGD at `config.lr`).
         extra: more entries for the result's `extra` (e.g. the schedule's settings).
     Returns:
-        A `TrainResult`; `result.summary()` is the chapter's line. A loss that becomes NaN, inf
-        or huge stops the run with status "diverged".
+        A `TrainResult`; `result.summary()` is the chapter's line. A NaN, inf or huge
+        loss stops the run with status "diverged".
     """
     devices = resolve_devices(config.devices)
     switches = resolve_switches(config, devices[0])
-    train_iter, test_iter = data if data is not None else load_data(config, devices[0], switches)
+    train_iter, test_iter = data or load_data(config, devices[0], switches)
     _, model = build_model(config, devices, switches)
     optimizer = (make_optimizer(model.parameters(), len(train_iter)) if make_optimizer
                  else torch.optim.SGD(model.parameters(), lr=config.lr))
@@ -377,10 +371,10 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
     bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
     try:
         with cudnn_benchmark(switches.cudnn_benchmark):
-            fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0], switches),
-                train_iter, result, model=model, num_epochs=config.num_epochs, devices=devices,
-                evaluate=lambda: evaluate_accuracy(model, test_iter, switches=switches),
-                on_epoch=on_epoch, bar=bar)
+            fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0],
+                          switches), train_iter, result, model=model, bar=bar,
+                num_epochs=config.num_epochs, devices=devices, on_epoch=on_epoch,
+                evaluate=lambda: evaluate_accuracy(model, test_iter, switches=switches))
     finally:
         if bar is not None:
             bar.close()

@@ -1,45 +1,42 @@
 """The command line, in-process: flags generated from TrainConfig's declarations, and every
 user error one line with exit code 2 (issues 23 and 26). Nothing here trains or downloads."""
 import dataclasses
+import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
 from mgpu_lib.book import cli as cli
+from mgpu_lib.book import store as results
+from mgpu_lib.book import sweep as sweeps
 from mgpu_lib.data import DataError, load_raw
 from mgpu_lib.config import NONNEGATIVE_NUMBER, declared, flag_name, setting
-from mgpu_lib.book.sweep import MAX_POINTS, expand
+from mgpu_lib.book.sweep import MAX_POINTS, expand, load_store
 from mgpu_lib.training import TrainConfig
 
+from helpers import FakeTrain, make_result, one_line, run_cli as run
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def run(capsys, *argv):
-    """(exit code, stdout, stderr) of `python -m mgpu_lib *argv`, run in this process."""
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:          # argparse refusals
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
+TRAINED = "<the sweep trained here>"
 
 
 @pytest.fixture
 def planned(monkeypatch):
-    """`sweep` replaced by a recorder: what the command line would have swept."""
+    """`sweep` replaced by a recorder: what the command line would have swept. It prints
+    TRAINED where training would print its first line."""
     calls = []
 
     def fake(base, vary, *, seeds, store, log=None):
         calls.append(dict(base=base, vary=vary, seeds=seeds))
+        print(TRAINED)
         return []
     monkeypatch.setattr(cli, "sweep", fake)
     return calls
@@ -101,9 +98,10 @@ def test_true_false_flags_alone_mean_true():
 
 def documented_commands():
     """Every `python -m mgpu_lib ...` command in the README, the notebooks and the docstrings."""
-    texts = [p.read_text() for p in [REPO / "README.md", *REPO.glob("mgpu_lib/*.py")]]
+    texts = [p.read_text(encoding="utf-8")
+             for p in [REPO / "README.md", *REPO.glob("mgpu_lib/*.py")]]
     for nb in [*REPO.glob("chapters/*.ipynb"), *REPO.glob("exercises/*.ipynb")]:
-        texts += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+        texts += ["".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]]
     for text in texts:
         text = text.replace("\\\n", " ")
         for m in re.finditer(r"-m mgpu_lib ((?:train|sweep|worker|bench)"
@@ -188,12 +186,14 @@ def test_a_data_folder_that_is_a_file_says_so(tmp_path, monkeypatch, capsys):
 
 
 def test_a_sweep_prints_its_plan_first(tmp_path, capsys, planned):
+    """The plan is the first line, before anything trains (a plan printed after training would
+    follow TRAINED)."""
     code, out, _ = run(capsys, *sweep_args(tmp_path, "--vary", "lr=0.05,0.1",
                                            "--vary", "epochs=1,2", "--seeds", "0,1"))
     assert code == 0 and len(planned) == 1
-    plan = out.splitlines()[0]
-    assert plan.startswith("plan: 8 points (lr 2 x num_epochs 2 x seeds 2)"), plan
-    assert "predicted" in plan
+    lines = out.splitlines()
+    assert lines[0].startswith("plan: 8 points (lr 2 x num_epochs 2 x seeds 2)"), lines
+    assert "predicted" in lines[0] and lines.index(TRAINED) > 0
 
 
 def test_a_large_sweep_needs_yes(tmp_path, capsys, planned):
@@ -214,7 +214,7 @@ def test_a_sweep_predicted_to_take_hours_needs_yes(tmp_path, capsys, planned, mo
             "--store", str(tmp_path / "s.jsonl"), "--vary", "lr=0.05,0.1", "--seeds", "0"]
     code, out, err = run(capsys, *argv)
     assert code == 2 and out.startswith("plan: 2 points") and not planned
-    assert re.search(r"predicted to take up to [\d.]+ h, more than 2 h; pass --yes",
+    assert re.search(r"the plan may take about [\d.]+ (h|days), more than 2 h; pass --yes",
                      one_line(err))
     assert run(capsys, *argv, "--yes")[0] == 0 and len(planned) == 1
 
@@ -230,4 +230,238 @@ def test_a_huge_sweep_is_refused_before_its_list_is_built(tmp_path, capsys, plan
     assert code == 2 and "10,000,000 points is more than a sweep can hold" in one_line(err)
     assert time.perf_counter() - t0 < 5 and not planned
     with pytest.raises(ValueError, match="more than a sweep can hold"):
-        expand(TrainConfig(), {"lr": [0.1] * (MAX_POINTS + 1)}, seeds=(0,))
+        expand(TrainConfig(), {"lr": [0.1 + i for i in range(MAX_POINTS + 1)]}, seeds=(0,))
+
+
+# ---- issue 33: the command line's faults, part 2 ----------------------------------------------
+
+def no_training(*args, **kwargs):
+    raise AssertionError("the work started")
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    """`train` and the sweep's trainer replaced by FakeTrain: fast, and counted."""
+    fake = FakeTrain()
+    monkeypatch.setattr(cli, "train", lambda config, progress=True: fake(config))
+    monkeypatch.setattr(sweeps, "default_train", fake)
+    return fake
+
+
+TRAIN = ["train", "--profile", "smoke", "--epochs", "1", "--data-source", "synthetic"]
+
+
+def test_train_out_never_replaces_a_store(tmp_path, capsys, monkeypatch):
+    """Before: `train --out store.jsonl` onto an 18-record sweep store replaced it with one
+    result (exit 0)."""
+    store = tmp_path / "store.jsonl"
+    for seed in range(18):
+        results.append(store, make_result(config={"seed": seed}).to_dict())
+    before = store.read_bytes()
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, "--out", store)
+    assert code == 2 and "it is a results store (18 records)" in one_line(err)
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("existing", [True, False])
+def test_ddp_out_never_names_the_checkpoint(tmp_path, capsys, monkeypatch, existing):
+    """Before: `train --strategy ddp --checkpoint ck --out ck/last.pt` replaced the checkpoint
+    with the result."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    if existing:
+        torch.save({"epoch": 1}, ck / "last.pt")
+    before = (ck / "last.pt").read_bytes() if existing else None
+    monkeypatch.setattr(cli, "_train_ddp", no_training)
+    code, _, err = run(capsys, *TRAIN, "--strategy", "ddp", "--checkpoint", ck,
+                       "--out", ck / "last.pt")
+    assert code == 2 and "is the checkpoint file; name another file" in one_line(err)
+    assert (ck / "last.pt").read_bytes() == before if existing else not (ck / "last.pt").exists()
+
+
+class ClosedPipe:
+    """A standard output whose reader leaves after `lines` lines (`| head -1`)."""
+
+    def __init__(self, lines: int) -> None:
+        self.left, self.text = lines, ""
+
+    def write(self, text: str) -> int:
+        if self.left <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.text += text
+        self.left -= text.count("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.left <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_pipe_never_loses_a_result(tmp_path, monkeypatch, fake_train):
+    """Before: `train --out r.json | true` was a BrokenPipeError traceback, exit 1, and r.json
+    was never written (the summary was printed before the result was saved)."""
+    monkeypatch.setattr(sys, "stdout", ClosedPipe(0))
+    assert cli.main([*TRAIN, "--out", str(tmp_path / "r.json")]) == 0
+    assert results.load_result(tmp_path / "r.json").status == "ok"
+
+
+def test_a_sweep_into_a_closed_pipe_stores_every_point(tmp_path, monkeypatch, fake_train):
+    """Before: `sweep ... | head -1` was a traceback after the first point; 1 of 3 points
+    stored. The sweep goes on, every point is stored, and it exits quietly."""
+    pipe = ClosedPipe(1)
+    monkeypatch.setattr(sys, "stdout", pipe)
+    store = tmp_path / "s.jsonl"
+    assert cli.main(sweep_args(tmp_path, "--vary", "lr=0.05,0.1,0.2", "--seeds", "0")) == 0
+    assert pipe.text.startswith("plan: 3 points") and len(fake_train.calls) == 3
+    assert sorted(r.config["lr"] for r in load_store(store)) == [0.05, 0.1, 0.2]
+
+
+@pytest.mark.slow
+def test_a_real_closed_pipe_keeps_the_result_and_exits_quietly(tmp_path):
+    """The same through a real pipe whose reader is gone before the first line."""
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_lib", *TRAIN, "--width", "4",
+                             "--train-limit", "64", "--test-limit", "32", "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc.stdout.close()                    # `| true`: the reader is gone at once
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 0 and "Traceback" not in err and "Error" not in err, err
+    assert results.load_result(out).status == "ok"
+
+
+def test_bench_out_is_checked_before_the_benchmark_runs(tmp_path, capsys, monkeypatch):
+    """Before: `bench --out notes.toml` (not a store) ran the whole benchmark, then said "not
+    a results store"; `bench --out` onto a sweep store appended a foreign record."""
+    monkeypatch.setattr(cli, "bench", no_training)
+    notes, store = tmp_path / "notes.toml", tmp_path / "sweep.jsonl"
+    notes.write_text("[tool]\nname = 'x'\n", encoding="utf-8")
+    results.append(store, make_result().to_dict())
+    for path, says in ((notes, "not a results store"), (store, "holds run records")):
+        before = path.read_bytes()
+        code, _, err = run(capsys, "bench", "--width", "4", "--out", path)
+        assert code == 2 and says in one_line(err) and path.read_bytes() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_train_out_a_fifo_without_a_reader_is_refused_before_training(tmp_path, capsys,
+                                                                       monkeypatch):
+    """Before: `train --out FIFO` with no reader trained, then blocked forever in open()."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, "--out", fifo)
+    assert code == 2 and "a FIFO that nobody reads" in one_line(err)
+
+
+@pytest.mark.parametrize("flag", [["--timeout", "5"], ["--nprocs", "2"]])
+def test_ddp_flags_without_ddp_are_refused_alike(capsys, monkeypatch, flag):
+    """Before: `--timeout 5` without `--strategy ddp` was ignored, where --nprocs was refused."""
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, *flag)
+    assert code == 2 and "need --strategy ddp" in one_line(err)
+
+
+def test_a_value_or_seed_given_twice_is_swept_once_and_said(tmp_path, capsys, fake_train):
+    """Before: `--vary lr=0.05,0.05 --seeds 0,0` planned and reported 2 points and stored 1."""
+    code, out, _ = run(capsys, *sweep_args(tmp_path, "--vary", "lr=0.05,0.05", "--seeds", "0,0"))
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("plan: 1 point (lr 1 x seeds 1)")
+    assert "note: lr 0.05 given more than once; swept once" in lines
+    assert "note: seed 0 given more than once; swept once" in lines
+    assert lines[-1] == f"1 point in {tmp_path / 's.jsonl'}" and len(fake_train.calls) == 1
+
+
+@pytest.mark.parametrize("vary, says", [("devices=1,2", "2 devices requested"),
+                                        ("nprocs=0,2", "does not split evenly over 2")])
+def test_every_sweep_point_is_checked_before_the_first_trains(tmp_path, capsys, monkeypatch,
+                                                              fake_train, vary, says):
+    """Before: `--vary devices=1,2` on a CPU, or `nprocs=0,2` with an odd batch, trained the
+    first point, then refused the next."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run(capsys, *sweep_args(tmp_path, "--vary", vary, "--seeds", "0",
+                                           "--batch-size", "33"))
+    assert code == 2 and says in one_line(err) and fake_train.calls == []
+
+
+@pytest.mark.parametrize("option", ["--out", "--store"])
+def test_a_trailing_slash_is_a_folder_not_a_file_name(tmp_path, capsys, monkeypatch,
+                                                      fake_train, option):
+    """Before: `--out newdir/` wrote a file named newdir."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*TRAIN, "--out", "newdir/"] if option == "--out" else \
+        ["sweep", "--profile", "smoke", "--vary", "lr=0.1", "--seeds", "0", "--store", "newdir/"]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "a name ending in '/' is a folder" in one_line(err)
+    assert os.listdir(tmp_path) == [] and fake_train.calls == []
+
+
+# ---- the tools' command lines ---------------------------------------------------------------
+
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test",
+                                                  REPO / "tools" / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+@pytest.mark.parametrize("case, says", [
+    ("missing", "no such file"), ("folder", "not a file (a folder?)"),
+    ("text", "not a notebook"), ("json", "not a notebook"), ("timeout 0", "--timeout: must be"),
+    ("timeout -1", "--timeout: must be"), ("slowest -1", "--slowest: must be")])
+def test_execute_notebook_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, case,
+                                                        says):
+    """Before: a missing path, a text file, a folder or a malformed notebook was a traceback,
+    and --timeout 0 or -1 meant "no timeout"."""
+    tool = load_tool("execute_notebook")
+    monkeypatch.setattr(tool, "execute", no_training)
+    good = tmp_path / "good.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), good)
+    (tmp_path / "text.ipynb").write_text("print(1)\n", encoding="utf-8")
+    (tmp_path / "json.ipynb").write_text('{"cells": 3}', encoding="utf-8")
+    arg = {"missing": [tmp_path / "nope.ipynb"], "folder": [tmp_path],
+           "text": [tmp_path / "text.ipynb"], "json": [tmp_path / "json.ipynb"]}.get(case)
+    argv = [str(good), *map(str, arg)] if arg else [str(good), f"--{case.split()[0]}",
+                                                     case.split()[1]]
+    with pytest.raises(SystemExit) as e:
+        tool.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in one_line(err)
+
+
+@pytest.fixture
+def book(tmp_path):
+    """A copy of the config and three notebooks: what set_repository stamps."""
+    for rel in ("_config.yml", "chapters/01_network.ipynb", "chapters/02_devices.ipynb",
+                "exercises/ex2_cpu_gpu_split.ipynb"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_bytes((REPO / rel).read_bytes())
+    return tmp_path
+
+
+def files(root: Path) -> dict:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("fault", ["not json", "read-only", "bad url"])
+def test_set_repository_stamps_all_or_nothing(book, capsys, monkeypatch, fault):
+    """Before: one notebook read-only or not JSON: _config.yml and some notebooks rewritten,
+    then a traceback; `https://github.com/../..` was accepted."""
+    tool = load_tool("set_repository")
+    victim = book / "chapters" / "02_devices.ipynb"
+    if fault == "not json":
+        victim.write_text("{ not json", encoding="utf-8")
+    if fault == "read-only":          # as root, chmod would not stop a write: os.access says so
+        real = os.access
+        monkeypatch.setattr(tool.os, "access",
+                            lambda p, mode: False if Path(p) == victim else real(p, mode))
+    url = "https://github.com/../.." if fault == "bad url" else "https://github.com/you/fork"
+    before = files(book)
+    assert tool.main([url], root=book) == 2
+    assert one_line(capsys.readouterr().err).startswith("set_repository: error:")
+    assert files(book) == before
+    assert tool.main(["https://github.com/you/fork"], root=book) == (2 if fault != "bad url"
+                                                                     else 0)

@@ -16,6 +16,8 @@ from mgpu_lib.hetero import HeteroDataParallel
 from mgpu_lib.config import REFERENCE, native_bf16, resolve_switches
 from mgpu_lib.training import TrainConfig, make_model, train
 
+from helpers import batch, bn_free_model
+
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -83,11 +85,6 @@ def test_one_process_nccl_ddp_run():
     assert len(result.test_acc) == 1 and 0.0 <= result.test_acc[0] <= 1.0
 
 
-def _bn_free() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 28 * 28, 10))
-
-
 def test_cuda_plus_cpu_hetero_step_equals_the_full_batch_step(monkeypatch):
     # TF32 on the GPU would differ from the CPU's fp32 by more than the tolerance
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -100,10 +97,8 @@ def test_cuda_plus_cpu_hetero_step_equals_the_full_batch_step(monkeypatch):
 
 
 def _hetero_step_equals_full_batch_step():
-    torch.manual_seed(0)
-    net = _bn_free()
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.rand(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
+    net = bn_free_model(seed=0)
+    x, y = batch(32)
     loss_fn = nn.CrossEntropyLoss()
     ref = copy.deepcopy(net).to("cuda:0")
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)

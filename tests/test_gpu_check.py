@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import make_result, one_line
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "gpu_check.py"
 STAGES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration", "exercise2",
@@ -48,7 +50,7 @@ def stage_lines(stdout: str) -> list:
 
 def check_records(path: Path) -> dict:
     """Every record well-formed; returns them by stage."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert [r["stage"] for r in records] == list(STAGES)
     for r in records:
         assert KEYS <= set(r), r["stage"]
@@ -119,11 +121,11 @@ def test_the_budget_counts_from_the_call_or_from_when_the_caller_says(tmp_path, 
     out = tmp_path / "gpu.jsonl"
     assert tool.main(["--profile", "smoke", "--out", str(out), "--budget-s", "60"],
                      started=time.time() - 3600) == 0
-    first = json.loads(out.read_text().splitlines()[0])
+    first = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
     assert (first["status"], first["reason"]) == ("skipped", "budget")
     out.unlink()
     assert tool.main(["--profile", "smoke", "--out", str(out), "--budget-s", "60"]) == 0
-    assert json.loads(out.read_text().splitlines()[0])["status"] == "ok"
+    assert json.loads(out.read_text(encoding="utf-8").splitlines()[0])["status"] == "ok"
 
 
 @pytest.mark.slow
@@ -141,12 +143,22 @@ def test_dry_run_plans_within_the_budget_and_needs_no_optional_package(tmp_path)
 
 @pytest.mark.parametrize("bad", ["-5", "0", "nan", "inf", "soon"])
 def test_a_bad_budget_is_one_line_and_exit_2(bad, capsys):
+    """The CLI's front end refuses it, with the settings' own check (a positive number)."""
     with pytest.raises(SystemExit) as e:
         load_tool().main(["--dry-run", "--budget-s", bad])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"gpu_check: error: argument --budget-s: must be a number of seconds above 0, "
-        f"got '{bad}'"]
+        f"gpu_check: error: argument --budget-s: must be a positive number, got '{bad}'"]
+
+
+@pytest.mark.parametrize("argv, says", [(["--only", "facts,magic"], "unknown stage(s) magic"),
+                                        (["--profile", "huge"], "argument --profile: invalid"),
+                                        (["--frobnicate"], "unrecognized arguments")])
+def test_every_bad_argument_is_one_line_and_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_tool().main(["--dry-run", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in one_line(err) and err.startswith("gpu_check: error:")
 
 
 def test_a_bad_profile_is_one_line_and_exit_2(monkeypatch, capsys):
@@ -165,10 +177,11 @@ def test_without_out_the_records_never_go_into_the_package(tmp_path, monkeypatch
 
 
 def test_the_tool_and_the_pages_share_one_predictor():
-    """No sys.path edits, no wall of noqa, and the step time comes from mgpu_lib.perf.runtime."""
-    text = SCRIPT.read_text()
-    assert "sys.path" not in text and text.count("noqa") <= 1
+    """Loading the tool leaves sys.path alone (it imports the installed package), and the step
+    time comes from mgpu_lib.perf.runtime."""
+    path = list(sys.path)
     tool = load_tool()
+    assert sys.path == path
     from mgpu_lib.perf import runtime
     from mgpu_lib.perf.scaling import DEVICES
     check = tool.make_check(tool.parse_args(["--profile", "smoke", "--spec", "T4"]))
@@ -186,3 +199,24 @@ def test_a_fifo_as_the_record_store_is_refused_in_one_line(tmp_path, monkeypatch
     assert load_tool().main(["--profile", "smoke", "--only", "facts", "--out", str(fifo)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpu_check: error:") and "FIFO" in err[0]
+
+
+@pytest.mark.parametrize("what", ["notes", "sweep store", "ex1 store notes"])
+def test_a_store_that_is_not_one_of_its_kind_is_refused_before_any_stage(tmp_path, monkeypatch,
+                                                                          capsys, what):
+    """Before: `--out notes.txt` ran a stage, then died with a ResultsError traceback."""
+    from mgpu_lib.book import store
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "gpu.jsonl"
+    if what == "notes":
+        out.write_text("my notes\n", encoding="utf-8")
+    elif what == "sweep store":
+        store.append(out, make_result().to_dict())
+    else:                                   # exercise 1's store beside the records
+        (tmp_path / "ex1_cpu.jsonl").write_text("my notes\n", encoding="utf-8")
+    tool = load_tool()
+    monkeypatch.setattr(tool, "STAGES", tuple(replace(s, run=lambda c: 1 / 0)
+                                              for s in tool.STAGES))
+    assert tool.main(["--profile", "smoke", "--only", "facts", "--out", str(out)]) == 2
+    out_, err = capsys.readouterr()
+    assert one_line(err).startswith("gpu_check: error:") and "[1/8]" not in out_

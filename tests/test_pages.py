@@ -1,11 +1,11 @@
 """Each page's work, its predicted time, and the trim that fits a GPU page in its budget."""
+import gc
 from pathlib import Path
 
 import pytest
 import torch
 
 from mgpu_lib.book import pages
-from mgpu_lib.chapter import model_differences
 from mgpu_lib.book.pages import (PAGES, budget_s, ddp_process_counts, ex1_plan, expected_line,
                             page_jobs, predict, prediction_rows, setup_page, span)
 from mgpu_lib.book.profiles import get_profile
@@ -79,8 +79,29 @@ def test_cpu_predictions_are_a_range_from_the_recorded_cpus():
 def test_recorded_ex1_costs_nothing_but_startup_and_smoke_is_fresh():
     assert page_jobs("ex1_hyperparameters", CPU) == []
     assert ex1_plan(CPU).recorded and ex1_plan(CPU).store.is_file()
-    a, b = ex1_plan(SMOKE).store, ex1_plan(SMOKE).store
-    assert a != b and not a.exists()
+    a, b = ex1_plan(SMOKE), ex1_plan(SMOKE)
+    assert a.store != b.store and not a.store.exists() and a.runs == a.store
+
+
+def test_a_smoke_run_of_ex1_leaves_no_file_behind():
+    """Before: every smoke run of ex1 left an mgpu-ex1-smoke-*.jsonl in the temporary folder.
+    Its store is now in a scratch folder that goes with the plan (at the latest, when the
+    kernel exits)."""
+    plan = ex1_plan(SMOKE)
+    plan.store.write_text("{}\n", encoding="utf-8")
+    folder = plan.store.parent
+    del plan
+    gc.collect()
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("profile", [SMOKE, CPU, FULL])
+def test_ex1_never_writes_inside_the_package(profile):
+    """Pages read the package's records and write new runs to ./runs/ (or a scratch folder)."""
+    package = (ROOT / "mgpu_lib").resolve()
+    plan = ex1_plan(profile)
+    assert package not in plan.runs.resolve().parents
+    assert plan.recorded == (package in plan.store.resolve().parents)
 
 
 def test_ex1_epochs_follow_the_profile():
@@ -170,19 +191,42 @@ def test_a_multi_gpu_band_spans_all_four_corners_of_the_fit():
     assert min(corners) < gpu_seconds(jobs, v100, f.overheads(v100, 2, 2))
 
 
-def test_the_chapter_network_differs_from_this_one_only_until_data_flows():
-    rows = {what: (chapter, book) for what, chapter, book in model_differences(width=8)}
-    assert rows["parameters before any data"] == ("unknown (ValueError)", "176,634")
-    assert rows["conv/linear layers the init changes"] == ("2 of 21", "21 of 21")
-    assert rows["parameters after one batch"] == ("176,634", "176,634")
-    assert rows["module names, output shapes"] == ("as this book's", "as the chapter's")
-    assert "LazyConv2d" in rows["layers"][0] and "Lazy" not in rows["layers"][1]
-
-
 def test_the_readme_table_is_what_the_pages_command_prints():
     """The README's page-time table is a prediction printed by `python -m mgpu_lib pages`,
     pasted; regenerate it when the model or a page changes."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     rows = ["| " + " | ".join(map(str, row)) + " |" for row in prediction_rows()]
     missing = [r for r in rows if r not in readme]
     assert not missing, f"README's page-time table is stale; rerun `python -m mgpu_lib pages`: {missing}"
+
+
+def test_the_pages_and_a_sweep_plan_share_one_cpu_prediction(monkeypatch):
+    """Issue 29: one CPU prediction. A sweep's plan and a page's table come from
+    `pages.predict_jobs` over the same jobs: a sweep of the cpu profile's one run is
+    predicted as page 03's one run is, start-up aside."""
+    from mgpu_lib.book import sweep
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = CPU.config()
+    jobs = sweep.sweep_jobs(base, {"lr": [0.1]}, [0])
+    low, high, on = sweep.predicted_sweep(base, {"lr": [0.1]}, [0])
+    assert (low, high, on) == pages.predict_jobs(jobs)
+    page = pages.predict_jobs([pages._run("one run", CPU)])
+    assert page[:2] == pytest.approx((low, high)) and page[2] == on
+
+
+@pytest.mark.parametrize("value", ["1e9", "inf", "nan", "-1", "10081"])
+def test_an_absurd_page_budget_is_refused(monkeypatch, value):
+    """Before: MGPU_PAGE_BUDGET_MIN=1e9 printed "cut to fit 1e+09 min"."""
+    monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", value)
+    with pytest.raises(ValueError, match="from 0 .no limit. to 10,080 .a week.") as e:
+        budget_s()
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("seconds, words", [(59, "under a minute"), (600, "about 10 min"),
+                                            (5 * 3600, "about 5.0 h"),
+                                            (10 * 86400, "about 10 days"),
+                                            (6237282134873648128 * 3600, "over a year")])
+def test_times_read_in_sane_units(seconds, words):
+    """Before: "6237282134873648128.0 h"."""
+    assert pages.minutes(seconds) == words

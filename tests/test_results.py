@@ -4,10 +4,10 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
-import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -17,8 +17,10 @@ import torch
 from mgpu_lib import training as record
 from mgpu_lib.book import store as results
 from mgpu_lib.book.store import ResultsError
-from mgpu_lib.book.sweep import Record, load_store, record_from_result
+from mgpu_lib.book.sweep import as_point, load_store
 from mgpu_lib.training import TrainConfig, TrainResult
+
+from helpers import make_result, one_line
 
 ROOT = Path(__file__).resolve().parent.parent
 # FIFOs, device files, /dev and ENAMETOOLONG are POSIX; Windows has none of them.
@@ -26,17 +28,14 @@ posix = pytest.mark.skipif(os.name != "posix", reason="POSIX files and errors")
 SHIPPED = sorted((ROOT / "mgpu_lib" / "recorded").glob("*.jsonl"))
 
 
-def one_line(e) -> str:
-    text = str(e.value if hasattr(e, "value") else e)
-    assert "\n" not in text and len(text) < 400, text
-    return text
-
-
-def run_record(status="ok", epochs=2) -> dict:
-    config = TrainConfig(num_epochs=3, seed=1).to_dict()
-    return dict(config=config, options={}, status=status, hardware="CPU", profile="cpu",
-                num_devices=1, steps_per_epoch=4, data_source="synthetic",
-                metrics={m: [0.5] * epochs for m in record.METRICS})
+def nested_record(status="ok", epochs=2) -> dict:
+    """A sweep point as stores held it before there was one record type: the metrics nested
+    under "metrics", with options, and no header (schema 1)."""
+    d = make_result(epochs, status).to_dict()
+    metrics = {m: d.pop(m) for m in record.METRICS}
+    for k in record.HEADER[:4]:
+        d.pop(k)
+    return dict(d, metrics=metrics)
 
 
 # --- the header -------------------------------------------------------------------------------
@@ -57,7 +56,7 @@ def test_every_shipped_record_carries_the_header(path):
         if rec.get("kind") == "bench":
             assert rec["profile"] is None and rec["config"]["width"] == rec["width"]
         else:
-            Record.from_dict(rec, f"{path.name}: record {i}")
+            results.as_run(rec, f"{path.name}: record {i}")
             assert rec["profile"] == rec["config"]["profile"]
         # Migrated, not re-measured: what was never recorded stays unknown.
         assert rec["git"] is None and rec["mgpu_lib"] is None
@@ -73,9 +72,37 @@ def test_a_new_result_carries_the_whole_header_and_a_sweep_record_keeps_it():
     assert d["torch"] == torch.__version__ and d["profile"] == "smoke"
     assert d["mgpu_lib"] == metadata.version("mgpu_lib")
     assert TrainResult.from_dict(json.loads(json.dumps(d))) == result
-    rec = record_from_result(result, config, {}).to_dict()
+    rec = as_point(result, config, {"warmup_epochs": 1.0}).to_dict()
     results.check_header(rec, "its sweep record")
     assert {k: rec[k] for k in record.HEADER} == {k: d[k] for k in record.HEADER}
+
+
+def test_a_run_and_a_sweep_point_are_one_record_type(tmp_path):
+    """Issue 29: a sweep stores and reads `TrainResult`s (its options and `derived_from` on
+    them), and a point stored in the old nested form reads as the same TrainResult."""
+    point = as_point(make_result(2), TrainConfig(**make_result(2).config), {"nprocs": 2})
+    store = tmp_path / "s.jsonl"
+    results.append(store, point.to_dict())
+    (back,) = load_store(store)
+    assert type(back) is TrainResult and back == point and back.options == {"nprocs": 2}
+    assert back.metrics["test_acc"] == back.test_acc and back.get("nprocs") == 2
+    old = nested_record()
+    store.write_text(json.dumps(old) + "\n", encoding="utf-8")
+    (read_back,) = load_store(store)
+    assert read_back.test_acc == old["metrics"]["test_acc"] and read_back.options == {}
+    assert read_back.schema == record.LEGACY_SCHEMA and read_back.torch is None
+
+
+@pytest.mark.parametrize("name", ["ex1_cpu.jsonl", "accuracy_cpu.jsonl", "ex1_claims_cpu.jsonl"])
+def test_the_shipped_sweeps_read_with_the_numbers_they_hold(name):
+    """The shipped stores are in the nested form: read as TrainResults, every number as stored."""
+    raw = results.read(results.recorded(name))
+    runs = load_store(results.recorded(name))
+    assert len(runs) == len(raw) and all(type(r) is TrainResult for r in runs)
+    for d, r in zip(raw, runs):
+        assert {m: getattr(r, m) for m in record.METRICS} == json.loads(
+            json.dumps(d["metrics"])) or r.status == "diverged"     # NaN != NaN
+        assert (r.config, r.options, r.status) == (d["config"], d["options"], d["status"])
 
 
 def test_a_benchmark_carries_the_header(monkeypatch):
@@ -101,26 +128,22 @@ def test_the_git_revision_is_cheap_and_never_fails(monkeypatch):
 
 
 def test_old_records_read_as_schema_1_with_unknown_versions():
-    old = Record.from_dict(run_record())
+    old = results.as_run(nested_record(), "old")
     assert old.schema == record.LEGACY_SCHEMA and old.torch is None
     with pytest.raises(ResultsError, match="no schema"):
-        results.check_header(run_record(), "old")
+        results.check_header(nested_record(), "old")
 
 
-@pytest.mark.parametrize("status,epochs", [("ok", 0), ("ok", 2), ("diverged", 2),
-                                           ("diverged", 0), ("failed", 0)])
-def test_a_train_result_and_its_sweep_record_agree(status, epochs):
-    """Each derived property gives one answer for both kinds of record: an empty run's time is
-    nan (not 0.0), and a run that did not finish has no final accuracy."""
-    d = run_record(status, epochs)
-    result = TrainResult(config=d["config"], hardware="CPU", num_devices=1, data_source="x",
-                         steps_per_epoch=4, status=status, **d["metrics"])
-    rec = record_from_result(result, TrainConfig(**d["config"]), {})
-    for name in ("final_test_acc", "sec_per_epoch"):
-        a, b = getattr(result, name), getattr(rec, name)
-        assert a == b or (math.isnan(a) and math.isnan(b)), (name, a, b)
-    assert math.isnan(result.sec_per_epoch) == (epochs == 0)
-    assert math.isnan(result.final_test_acc) == (epochs == 0 or status != "ok")
+@pytest.mark.parametrize("status,epochs", [("ok", 2), ("diverged", 2), ("diverged", 1),
+                                           ("failed", 0)])
+def test_an_empty_run_has_no_time_and_an_unfinished_one_no_accuracy(status, epochs):
+    """An empty run's time is nan (not 0.0, infinitely fast), and a run that did not finish
+    has no final accuracy; a whole run of each status reads back as itself."""
+    result = make_result(epochs, status)
+    assert math.isnan(result.sec_per_epoch) == (len(result.epoch_seconds) == 0)
+    assert math.isnan(result.final_test_acc) == (status != "ok")
+    back = results.as_run(json.loads(json.dumps(result.to_dict())), "r")
+    assert back.to_dict().keys() == result.to_dict().keys() and back.status == status
 
 
 # --- no fcntl (Windows) -------------------------------------------------------------------------
@@ -151,24 +174,23 @@ assert [r["a"] for r in results.read({str(tmp_path / 's.jsonl')!r})] == [1, 2]
 @posix
 def test_a_symlinked_output_writes_its_target(tmp_path):
     target, link = tmp_path / "target.json", tmp_path / "link.json"
-    target.write_text("old")
+    target.write_text(json.dumps({"old": 1}, indent=1), encoding="utf-8")
     link.symlink_to(target)
     results.write_json_atomic(link, {"a": 1})
-    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}
+    assert link.is_symlink() and json.loads(target.read_text(encoding="utf-8")) == {"a": 1}
 
 
 @posix
 def test_a_fifo_is_written_into_not_replaced(tmp_path):
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
-    reader.start()
-    results.write_json_atomic(fifo, {"a": 1})
-    reader.join(10)
-    if not got:                           # free the reader: the old code replaced the FIFO
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and json.loads(got[0]) == {"a": 1}
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # a reader, there before the write
+    try:
+        results.write_json_atomic(fifo, {"a": 1})
+        got = os.read(reader, 1000)
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and json.loads(got) == {"a": 1}
 
 
 @pytest.fixture
@@ -177,7 +199,7 @@ def null_device(tmp_path) -> Path:
     dev = tmp_path / "n"
     try:
         os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-        dev.open("w").close()
+        dev.open("w", encoding="utf-8").close()
     except (OSError, AttributeError) as e:    # not root, a file system mounted nodev, Windows
         pytest.skip(f"cannot make a device here: {e}")
     return dev
@@ -214,13 +236,13 @@ def _kept(message: str) -> Path:
 
 
 def test_a_full_disk_keeps_the_json_and_the_old_file(tmp_path, monkeypatch):
-    out = tmp_path / "r.json"
-    out.write_text('{"old": 1}')
+    out, old = tmp_path / "r.json", json.dumps({"old": 1}, indent=1)
+    out.write_text(old, encoding="utf-8")
     _full_disk(monkeypatch, tmp_path.parent / f"{tmp_path.name}-kept", after=3)
     with pytest.raises(ResultsError, match="No space left on device; the result was kept") as e:
         results.write_json_atomic(out, {"new": 2})
-    assert json.loads(_kept(one_line(e)).read_text()) == {"new": 2}
-    assert out.read_text() == '{"old": 1}' and sorted(os.listdir(tmp_path)) == ["r.json"]
+    assert json.loads(_kept(one_line(e)).read_text(encoding="utf-8")) == {"new": 2}
+    assert out.read_text(encoding="utf-8") == old and sorted(os.listdir(tmp_path)) == ["r.json"]
 
 
 def test_a_full_disk_leaves_no_torn_line_in_the_store(tmp_path, monkeypatch):
@@ -231,7 +253,7 @@ def test_a_full_disk_leaves_no_torn_line_in_the_store(tmp_path, monkeypatch):
     with pytest.raises(ResultsError, match="kept in") as e:
         results.append(store, {"b": 2})
     assert store.read_bytes() == before
-    assert json.loads(_kept(one_line(e)).read_text()) == {"b": 2}
+    assert json.loads(_kept(one_line(e)).read_text(encoding="utf-8")) == {"b": 2}
     assert issubclass(ResultsError, ValueError)      # the CLI's exit 2
 
 
@@ -239,27 +261,27 @@ def test_a_full_disk_leaves_no_torn_line_in_the_store(tmp_path, monkeypatch):
 
 def test_a_text_file_is_not_a_store_and_is_left_untouched(tmp_path):
     notes = tmp_path / "notes.txt"
-    notes.write_text("buy milk\ncall Bob\n")
+    notes.write_text("buy milk\ncall Bob\n", encoding="utf-8")
     for call in (lambda: results.read(notes), lambda: results.append(notes, {"a": 1})):
         with pytest.raises(ResultsError, match="line 1: not JSON, so not a results store") as e:
             call()
         one_line(e)
-    assert notes.read_text() == "buy milk\ncall Bob\n"
+    assert notes.read_text(encoding="utf-8") == "buy milk\ncall Bob\n"
     assert os.listdir(tmp_path) == ["notes.txt"]          # not even a lock file beside it
-    notes.write_text("one line\n")                      # no torn record either
+    notes.write_text("one line\n", encoding="utf-8")                      # no torn record either
     with pytest.raises(ResultsError):
         results.read(notes)
 
 
 def test_only_a_torn_last_line_is_an_interrupted_write(tmp_path):
     store = tmp_path / "s.jsonl"
-    store.write_text('{"a": 1}\n{"b": ')
+    store.write_text('{"a": 1}\n{"b": ', encoding="utf-8")
     with pytest.warns(UserWarning, match="line 2: not a whole record"):
         assert results.read(store) == [{"a": 1}]
     with pytest.warns(UserWarning):
         results.append(store, {"c": 3})
     assert results.read(store) == [{"a": 1}, {"c": 3}]      # the torn line is gone
-    store.write_text('{"a": 1}\n{"b": \n{"c": 3}\n')            # torn, then more: not a store
+    store.write_text('{"a": 1}\n{"b": \n{"c": 3}\n', encoding="utf-8")   # torn, then more: no store
     with pytest.raises(ResultsError, match="line 2"):
         results.read(store)
 
@@ -268,7 +290,7 @@ def test_only_a_torn_last_line_is_an_interrupted_write(tmp_path):
                                     dict(status="weird")])
 def test_a_broken_record_is_one_line_not_a_key_error(tmp_path, change):
     store = tmp_path / "s.jsonl"
-    store.write_text(json.dumps({**run_record(), **change}) + "\n")
+    store.write_text(json.dumps({**nested_record(), **change}) + "\n", encoding="utf-8")
     with pytest.raises(ResultsError, match="record 1") as e:
         load_store(store)
     one_line(e)
@@ -294,7 +316,7 @@ def test_a_device_is_refused_as_a_store_up_front(device):
     with pytest.raises(ResultsError, match="a results store must be a regular file") as e:
         results.check_writable(device, store=True)
     one_line(e)
-    with pytest.raises(ResultsError, match="not a regular file"):
+    with pytest.raises(ResultsError, match="a results store must be a regular file"):
         results.read(device)
 
 
@@ -314,3 +336,101 @@ def test_dash_is_refused_not_written_as_a_file(tmp_path, monkeypatch):
         with pytest.raises(ResultsError, match="standard output"):
             call()
     assert not (tmp_path / "-").exists()
+
+
+# --- issue 33: files that are not a store, or not this kind of output ------------------------
+
+def test_a_one_line_file_without_a_newline_is_no_store_and_is_left_untouched(tmp_path):
+    """Before: `{precious user notes, not json` (no newline) read as a torn last record; the
+    append truncated it and wrote a record in its place. A torn line is an interrupted write
+    only after a whole record."""
+    notes = tmp_path / "notes"
+    notes.write_text("{precious user notes, not json", encoding="utf-8")
+    for call in (lambda: results.read(notes), lambda: results.append(notes, {"a": 1}),
+                 lambda: results.check_writable(notes, store=True)):
+        with pytest.raises(ResultsError, match="line 1: not JSON, so not a results store") as e:
+            call()
+        one_line(e)
+    assert notes.read_text(encoding="utf-8") == "{precious user notes, not json"
+    assert os.listdir(tmp_path) == ["notes"]
+
+
+def test_an_output_never_replaces_a_store_a_checkpoint_or_notes(tmp_path):
+    """Before: `train --out store.jsonl` replaced an 18-record sweep store with one result, and
+    `--out ck/last.pt` a checkpoint. An earlier result (one JSON document) is replaced."""
+    store, ckpt, notes, old = (tmp_path / n for n in ("s.jsonl", "last.pt", "n.txt", "r.json"))
+    for i in range(18):
+        results.append(store, make_result(config={"seed": i}).to_dict())
+    torch.save({"model": {"w": torch.zeros(3)}, "epoch": 1}, ckpt)
+    notes.write_text("my notes\n", encoding="utf-8")
+    files = {p: p.read_bytes() for p in (store, ckpt, notes)}
+    for path, says in ((store, "it is a results store (18 records)"),
+                       (ckpt, "it is not a JSON document"), (notes, "it is not a JSON document")):
+        with pytest.raises(ResultsError, match=re.escape(f"will not replace {path}: {says}")) as e:
+            results.write_json_atomic(path, make_result().to_dict())
+        one_line(e)
+    assert {p: p.read_bytes() for p in files} == files
+    results.save_result(make_result(), old)
+    results.save_result(make_result(acc=0.75), old)          # a result replaces a result
+    assert results.load_result(old).final_test_acc == 0.75
+
+
+@posix
+def test_a_fifo_without_a_reader_is_refused_up_front_not_waited_on(tmp_path):
+    """Before: `train --out FIFO` trained, then blocked forever in open()."""
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(ResultsError, match="a FIFO that nobody reads") as e:
+        results.Output(fifo)
+    one_line(e)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (dict(schema=3), "schema 3, and this mgpu_lib reads schemas 1 and 2"),
+    (dict(test_acc=[0.3, 0.3, 0.3]), "test_acc has 3 values for 1 epoch"),
+    (dict(test_acc=[True]), "test_acc is missing or not a list of numbers"),
+    (dict(test_acc=[math.nan]), "test_acc holds a value that is negative or not finite"),
+    (dict(train_loss=[1e309]), "train_loss holds a value that is negative or not finite"),
+    (dict(train_acc=[1.5]), "train_acc holds an accuracy above 1"),
+    (dict(epoch_seconds=[]), "epoch_seconds has 0 values for 1 epoch (ok)"),
+])
+def test_a_record_that_cannot_be_a_run_is_refused_in_one_line(tmp_path, change, problem):
+    """Before: schema 3 read as stored points; 3 test accuracies for 1 epoch, [true], [NaN] or
+    [1e309] were reported as finished runs ("test acc 0.300", "nan", "inf")."""
+    store = tmp_path / "s.jsonl"
+    rec = {**make_result(1).to_dict(), **change}
+    store.write_text(json.dumps(rec) + "\n", encoding="utf-8")     # 1e309 is written as Infinity
+    with pytest.raises(ResultsError, match=re.escape(f"record 1 is not a run's record ({problem}")
+                       ) as e:
+        load_store(store)
+    one_line(e)
+    (tmp_path / "r.json").write_text(json.dumps(rec, indent=1), encoding="utf-8")
+    with pytest.raises(ResultsError, match=re.escape(problem)):
+        results.load_result(tmp_path / "r.json")
+
+
+def test_a_store_holds_one_kind_of_record(tmp_path):
+    """Before: `bench --out` onto a sweep store appended a benchmark, and the sweep then refused
+    its own store."""
+    store = tmp_path / "s.jsonl"
+    results.append(store, make_result().to_dict())
+    before = store.read_bytes()
+    bench = {"kind": "bench", "config": {"width": 4}}
+    with pytest.raises(ResultsError, match="holds run records, and a store holds one kind") as e:
+        results.append(store, bench)
+    one_line(e)
+    with pytest.raises(ResultsError, match="a bench record does not go there"):
+        results.check_writable(store, store=True, kind="bench")
+    assert store.read_bytes() == before and len(load_store(store)) == 1
+
+
+@pytest.mark.parametrize("name", ["newdir/", "runs/new/"])
+def test_a_trailing_slash_names_a_folder_never_a_file(tmp_path, monkeypatch, name):
+    """Before: `--out newdir/` wrote a file named newdir."""
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: results.write_json_atomic(name, {"a": 1}),
+                 lambda: results.append(name, {"a": 1})):
+        with pytest.raises(ResultsError, match="a name ending in '/' is a folder") as e:
+            call()
+        one_line(e)
+    assert os.listdir(tmp_path) == []

@@ -13,9 +13,14 @@ from mgpu_lib.book import store as results
 from mgpu_lib.book.cli import main
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.book.store import summarize
-from mgpu_lib.book.sweep import (expand, linear_scaled_lr, load_store, point_key, sweep, train_warmup,
-                            warmup_lr, warmup_sgd)
-from mgpu_lib.training import TrainConfig, TrainResult, train
+from mgpu_lib.book.pages import ex1_plan
+from mgpu_lib.book.profiles import get_profile
+from mgpu_lib.book.sweep import (expand, key_of, linear_scaled_lr, load_store, point_key, sweep,
+                                 train_warmup, warmup_lr, warmup_sgd)
+from mgpu_lib.devices import DeviceError
+from mgpu_lib.training import TrainConfig, train
+
+from helpers import FakeTrain, one_line
 
 BASE = TrainConfig(batch_size=32, lr=0.1, num_epochs=2, width=4, train_limit=256, test_limit=64,
                    data_source="synthetic", allow_synthetic=True, profile="test")
@@ -27,31 +32,6 @@ def tiny_data(seed: int = 0, batch_size: int = 32):
     return (DeviceLoader(d["train_images"], d["train_labels"], batch_size, shuffle=True,
                          seed=seed, source="synthetic"),
             DeviceLoader(d["test_images"], d["test_labels"], 64, shuffle=False))
-
-
-class FakeTrain:
-    """Counts calls; accuracy depends on lr and seed, loss blows up for lr > 10."""
-
-    def __init__(self, fail_on: int = 0):
-        self.calls, self.fail_on = [], fail_on
-
-    def __call__(self, config, **options):
-        self.calls.append((config, options))
-        if len(self.calls) == self.fail_on:
-            raise KeyboardInterrupt
-        r = TrainResult(config=config.to_dict(), hardware="fake", num_devices=1,
-                        data_source="fake", steps_per_epoch=8)
-        for e in range(config.num_epochs):
-            if config.lr > 10:
-                r.train_loss.append(float("nan"))
-                r.status = "diverged"
-                break
-            r.train_loss.append(1.0 / (e + 1))
-            r.train_acc.append(0.5)
-            r.test_acc.append(round(0.5 + config.lr + 0.01 * config.seed + 0.01 * e, 6))
-            r.epoch_seconds.append(1.0 + config.seed)
-            r.images_per_second.append(100.0)
-        return r
 
 
 def test_resumed_sweep_skips_stored_points(tmp_path):
@@ -71,7 +51,7 @@ def test_records_carry_config_seed_metrics_hardware_profile(tmp_path):
     assert r.seed == 3 and r.config["lr"] == 0.2 and r.profile == "test"
     assert r.hardware == "fake" and r.status == "ok"
     assert r.metrics["test_acc"] == [0.73, 0.74] and len(r.metrics["epoch_seconds"]) == 2
-    assert r.key == point_key(BASE.replace(lr=0.2, seed=3), {})
+    assert key_of(r) == point_key(BASE.replace(lr=0.2, seed=3), {})
 
 
 def test_diverging_lr_is_recorded_not_raised(tmp_path):
@@ -113,7 +93,7 @@ def test_shorter_epochs_are_derived_from_the_longest_run(tmp_path):
     by_epochs = {r.config["num_epochs"]: r for r in recs}
     assert by_epochs[1].metrics["test_acc"] == [0.6]
     assert by_epochs[2].metrics["test_acc"] == [0.6, 0.61]
-    assert by_epochs[2].derived_from == by_epochs[3].key
+    assert by_epochs[2].derived_from == key_of(by_epochs[3])
     # a later sweep at 2 epochs and another lr reuses the stored 3-epoch run too
     sweep(BASE, {"lr": [0.1]}, seeds=(0,), store=tmp_path / "s.jsonl", train_fn=fake)
     assert len(fake.calls) == 1
@@ -209,7 +189,7 @@ def test_cli_sweep_rejects_bad_vary(capsys, vary, message):
 def test_a_torn_last_line_is_skipped_and_nothing_before_it_is_lost(tmp_path):
     store = tmp_path / "s.jsonl"
     sweep(BASE, {"lr": [0.1, 0.2]}, seeds=(0,), store=store, train_fn=FakeTrain())
-    with open(store, "a") as f:
+    with open(store, "a", encoding="utf-8") as f:
         f.write('{"config": {"lr": 0.4')               # a run killed mid-write
     with pytest.warns(UserWarning, match="line 3: not a whole record"):
         assert [r.config["lr"] for r in load_store(store)] == [0.1, 0.2]
@@ -223,10 +203,10 @@ def test_a_torn_last_line_is_skipped_and_nothing_before_it_is_lost(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [("[1, 2]\n", "expected a JSON object"),
-                                              ('{"version": 1}\n', "not a sweep record")])
+                                              ('{"version": 1}\n', "not a run's record")])
 def test_a_store_of_the_wrong_shape_names_the_file(tmp_path, capsys, content, message):
     store = tmp_path / "wrong.jsonl"
-    store.write_text(content)
+    store.write_text(content, encoding="utf-8")
     code = main(["sweep", "--vary", "lr=0.1", "--store", str(store), "--profile", "smoke"])
     err = capsys.readouterr().err
     assert code == 2 and "wrong.jsonl" in err and message in err and err.count("\n") == 1
@@ -236,7 +216,7 @@ def test_a_store_of_the_wrong_shape_names_the_file(tmp_path, capsys, content, me
 def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, where):
     """Before: train --out, sweep --store and bench --out trained fully, then died."""
     blocker = tmp_path / "file"
-    blocker.write_text("x")
+    blocker.write_text("x", encoding="utf-8")
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -260,7 +240,8 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from mgpu_lib.book.sweep import load_store, sweep
-from test_sweep import BASE, FakeTrain
+from helpers import FakeTrain
+from test_sweep import BASE
 
 class Lockstep(FakeTrain):
     # Point i trains only once the other sweep has reached its point i too, so both have
@@ -297,3 +278,73 @@ def test_keys_survive_new_trainconfig_fields():
     stored = {**BASE.to_dict(), "field_from_the_future": 1}
     assert point_key(stored) == point_key(BASE)
     assert point_key(BASE) != point_key(BASE.replace(seed=1))
+
+
+# ---- issue 33: refused before training, never written when nothing is new -------------------
+
+def never(config, **options):
+    raise AssertionError(f"trained {config}")
+
+
+def test_a_sweep_with_nothing_to_train_writes_nothing(monkeypatch):
+    """Before: ex1 under `cpu` (every point in the shipped record) failed in a read-only
+    install: "cannot write .../mgpu_lib/recorded/ex1_cpu.jsonl: permission denied". Every
+    sweep the page runs reads the record and checks, locks and writes nothing."""
+    plan = ex1_plan(get_profile("cpu"))
+    before = plan.store.read_bytes()
+
+    def no_write(*args, **kwargs):
+        raise AssertionError("a store was about to be written")
+    monkeypatch.setattr(results, "check_writable", no_write)
+    monkeypatch.setattr(results, "append", no_write)
+    b, seeds = plan.base, plan.seeds
+    for base, vary, use in ((b.replace(num_epochs=max(plan.epochs)), {"num_epochs": plan.epochs},
+                             seeds), (b, {"batch_size": plan.batches}, seeds),
+                            (b, {"lr": plan.lrs}, seeds), (b, {"nprocs": [2]}, seeds[:1]),
+                            (b.replace(batch_size=4 * b.batch_size, lr=linear_scaled_lr(
+                                b.lr, b.batch_size, 4 * b.batch_size)),
+                             {"warmup_epochs": [0, 1]}, seeds)):
+        assert sweep(base, vary, seeds=use, store=plan.store, train_fn=never)
+    assert plan.store.read_bytes() == before
+    assert not plan.store.with_name(f".{plan.store.name}.lock").exists()
+
+
+def test_new_points_go_to_the_store_and_a_recorded_one_is_only_read(tmp_path):
+    """What a page does with `Ex1Plan.runs`: points found in the shipped record are not
+    retrained, new ones are appended to ./runs/, and the record is never written."""
+    plan = ex1_plan(get_profile("cpu"))
+    assert plan.recorded and plan.runs == Path("runs") / "ex1_cpu.jsonl"
+    before, fake = plan.store.read_bytes(), FakeTrain()
+    runs = tmp_path / "runs" / "ex1_cpu.jsonl"
+    recs = sweep(plan.base, {"lr": [0.1, 0.3]}, seeds=plan.seeds, store=runs,
+                 recorded=plan.store, train_fn=fake)
+    assert [c.lr for c, _ in fake.calls] == [0.3] * len(plan.seeds) and len(recs) == 2 * len(
+        plan.seeds)
+    assert plan.store.read_bytes() == before and len(load_store(runs)) == len(plan.seeds)
+
+
+def test_a_value_or_a_seed_given_twice_is_one_point(tmp_path):
+    """Before: `--vary lr=0.05,0.05 --seeds 0,0` planned and reported 2 points and stored 1."""
+    fake = FakeTrain()
+    recs = sweep(BASE, {"lr": [0.05, 0.05]}, seeds=(0, 0), store=tmp_path / "s.jsonl",
+                 train_fn=fake)
+    assert len(recs) == 1 and len(fake.calls) == 1 and len(load_store(tmp_path / "s.jsonl")) == 1
+
+
+@pytest.mark.parametrize("base, vary, error, says", [
+    (BASE, {"devices": [1, 2]}, DeviceError, "2 devices requested"),
+    (BASE.replace(batch_size=33), {"nprocs": [0, 2]}, ValueError,
+     "batch 33, lr 0.1, 2 epochs, seed 0, nprocs 2: batch size 33 does not split evenly"),
+    (BASE, {"nprocs": [2], "warmup_epochs": [1]}, ValueError, "warmup with DDP processes"),
+])
+def test_every_point_is_checked_before_the_first_one_trains(tmp_path, monkeypatch, base, vary,
+                                                            error, says):
+    """Before: `--vary devices=1,2` on a CPU, or `nprocs=0,2` with an odd batch, trained the
+    first point and only then refused the next."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fake = FakeTrain()
+    with pytest.raises(error, match=says) as e:
+        sweep(base, vary, seeds=(0,), store=tmp_path / "s.jsonl", train_fn=fake)
+    one_line(e)
+    assert fake.calls == [] and not (tmp_path / "s.jsonl").exists()

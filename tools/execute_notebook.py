@@ -7,11 +7,12 @@ In place by default; with `--out DIR` each notebook is copied alone into DIR/<st
 there, the original untouched. After execution it drops progress-bar widgets (their live view
 means nothing in a static page) and refuses to save a notebook whose outputs hold a traceback or
 a machine path. A cell that runs past `--timeout` stops the run with one line naming the page and
-the cell; `--slowest N` lists the N slowest cells of each page.
+the cell; `--slowest N` lists the N slowest cells of each page. Every notebook named is read
+first: a missing path, a folder, a file that is not a notebook, or a timeout that is not a
+positive number of seconds is one line and exit 2, before anything runs.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -23,6 +24,9 @@ from typing import Optional
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError
+
+from mgpu_lib.book.cli import Parser, argtype
+from mgpu_lib.config import COUNT, POSITIVE_INT
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -89,14 +93,38 @@ def execute(path: Path, profile: str, timeout: int, out: Optional[Path] = None) 
     return times
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def check_notebook(path: Path) -> None:
+    """A ValueError (one line, naming `path`) unless it is a readable, valid notebook."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file (a folder?); name the notebooks in it")
+    try:
+        nbformat.validate(nbformat.read(path, as_version=4))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a notebook (not UTF-8 text)") from None
+    except Exception as e:          # nbformat's NotJSONError, ValidationError, a KeyError ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise ValueError(f"{path}: not a notebook ({first})") from None
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="tools/execute_notebook.py", description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "full"])
-    p.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    p.add_argument("--timeout", type=argtype(POSITIVE_INT), default=3600,
+                   help="seconds per cell (default 3600)")
     p.add_argument("--out", type=Path, help="run copies in this folder, not in place")
-    p.add_argument("--slowest", type=int, default=0, help="list this many slowest cells")
-    args = p.parse_args()
+    p.add_argument("--slowest", type=argtype(COUNT), default=0,
+                   help="list this many slowest cells")
+    args = p.parse_args(argv)
+    for path in args.notebooks:       # every one before the first runs
+        try:
+            check_notebook(path)
+        except ValueError as e:
+            p.error(str(e))
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out}: not a folder")
     for path in args.notebooks:
         t0 = time.perf_counter()
         times = execute(path, args.profile, args.timeout, args.out)

@@ -24,7 +24,6 @@ import argparse
 import gc
 import importlib.util
 import json
-import math
 import os
 import re
 import signal
@@ -50,8 +49,8 @@ from mgpu_lib.devices import cpu_name, describe_devices, timed
 from mgpu_lib.lab.diagnose import chapter_loader_images_per_s, topology
 from mgpu_lib.perf.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
                                published_fit)
-from mgpu_lib.hetero import (HeteroDataParallel, default_setup, measure_sync, measure_throughput,
-                             split_curve)
+from mgpu_lib.hetero import HeteroDataParallel, default_setup, measure_throughput
+from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.training import record_header
@@ -62,7 +61,9 @@ from mgpu_lib.perf.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, l
                               spec_for_name)
 from mgpu_lib.split import best_split, shard_grid
 from mgpu_lib.config import resolve_switches
-from mgpu_lib.book.sweep import load_store, point_key, record_from_result, sweep
+from mgpu_lib.book.sweep import as_point, key_of, load_store, plural, point_key, sweep
+from mgpu_lib.book.cli import Parser, argtype
+from mgpu_lib.config import POSITIVE_NUMBER
 from mgpu_lib.training import TrainConfig, make_model, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -334,7 +335,7 @@ def ex1_store(check: Check) -> Path:
 def store_sweep_point(check: Check, result, config: TrainConfig, seconds: float) -> None:
     """The full run is exercise 1's base point for seed 0 (`sweep` trains it exactly so):
     stored once, the sweep does not train it again."""
-    rec = record_from_result(result, config, {})
+    rec = as_point(result, config, {})
     rec.extra["wall_seconds"] = round(seconds, 2)
     results.append(ex1_store(check), rec.to_dict())
 
@@ -421,7 +422,7 @@ def probe_compile(out: str, profile: Profile) -> int:
     m = modes["compiled"]
     timed_s = sum(5 * profile.batch_size / r for r in m["images_per_second"])
     m.update(wall_s=t.seconds, warmup_s=t.seconds - timed_s)
-    Path(out).write_text(json.dumps(m))
+    Path(out).write_text(json.dumps(m), encoding="utf-8")
     return 0
 
 
@@ -442,7 +443,7 @@ def run_compile_part(check: Check) -> dict:
         if proc.returncode != 0 or not out.exists():
             tail = proc.stdout.strip().splitlines() or ["no output"]
             return dict(status="failed", error=tail[-1][:400])
-        return dict(json.loads(out.read_text()), status="ok")
+        return dict(json.loads(out.read_text(encoding="utf-8")), status="ok")
 
 
 def run_bench(check: Check) -> tuple:
@@ -584,7 +585,7 @@ def stored_keys(check: Check) -> set:
     if check.args.dry_run or not ex1_store(check).exists():
         return set()
     try:
-        return {r.key for r in load_store(ex1_store(check)) if r.status != "failed"}
+        return {key_of(r) for r in load_store(ex1_store(check)) if r.status != "failed"}
     except ResultsError:      # a store that is not one: the sweep itself will say so
         return set()
 
@@ -628,9 +629,9 @@ def run_exercise1(check: Check) -> tuple:
     stored = sum(r["stored_before"] for r in done)
     f = dict(store=str(store), runs=runs, done=len(done), stored_before=stored,
              planned=len(runs))
-    return f, (f"{len(done)} of {len(runs)} runs ({len(check.profile.seeds)} seeds x "
-               f"{len(sweep_points(check.profile))} points; {stored} stored before) "
-               f"in {store.name}")
+    seeds, points = len(check.profile.seeds), len(sweep_points(check.profile))
+    return f, (f"{len(done)} of {plural(len(runs), 'run')} ({plural(seeds, 'seed')} x "
+               f"{plural(points, 'point')}; {stored} stored before) in {store.name}")
 
 
 # ---- the driver -----------------------------------------------------------------------------
@@ -741,26 +742,22 @@ def print_plan(check: Check) -> None:
     print(f"predicted total: {total:.0f} s of {check.args.budget_s:.0f} s budget")
 
 
-def budget(text: str) -> float:
-    """--budget-s: a finite number of seconds above 0 (nan and inf would switch it off)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return seconds
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """A bad argument is one line, exit 2 (argparse would add its usage first)."""
-        self.exit(2, f"gpu_check: error: {message}\n")
+def stages(text: str) -> set:
+    """--only: comma-separated stage names."""
+    chosen = set(text.split(","))
+    unknown = ", ".join(sorted(chosen - set(STAGE_NAMES)))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {unknown}; stages: "
+                                         f"{', '.join(STAGE_NAMES)}")
+    return chosen
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget-s", type=budget, default=270.0,
+    """The command line's front end (`mgpu_lib.book.cli.Parser`, checks from the settings'):
+    a bad argument is one line, exit 2."""
+    p = Parser(prog="gpu_check", description=__doc__.splitlines()[0])
+    # a finite number above 0 (nan and inf would switch the budget off)
+    p.add_argument("--budget-s", type=argtype(POSITIVE_NUMBER), default=270.0,
                    help="total seconds for the whole script, imports included (default 270)")
     p.add_argument("--out", help="JSON Lines file to append to (default "
                                  "runs/gpu_<device>.jsonl in this folder)")
@@ -768,13 +765,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sizes of the stages (default: MGPU_PROFILE, else full with CUDA)")
     p.add_argument("--spec", choices=list(DEVICES), help="predict with this datasheet; on a "
                    "machine without CUDA a --dry-run then plans as if the GPU were here")
-    p.add_argument("--only", type=lambda s: set(s.split(",")), default=set(),
+    p.add_argument("--only", type=stages, default=set(),
                    help=f"comma-separated stages to run ({', '.join(STAGE_NAMES)})")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    args = p.parse_args(argv)
-    if args.only - set(STAGE_NAMES):
-        p.error(f"unknown stage(s) in --only: {', '.join(sorted(args.only - set(STAGE_NAMES)))}")
-    return args
+    return p.parse_args(argv)
 
 
 def make_check(args: argparse.Namespace, started: Optional[float] = None) -> Check:
@@ -804,15 +798,20 @@ def main(argv=None, started: Optional[float] = None) -> int:
     if args.dry_run:
         print_plan(check)
         return 0
-    try:
-        check_writable(check.out, store=True)
-        check.out.parent.mkdir(parents=True, exist_ok=True)   # a bad --out fails now, not later
+    try:     # both stores, before any stage runs: a file that is no store, or another kind's
+        check_writable(check.out, store=True, kind="gpu_check stage")
+        check_writable(ex1_store(check), store=True, kind="run")
+        check.out.parent.mkdir(parents=True, exist_ok=True)
     except (ResultsError, OSError) as e:
         print(f"gpu_check: error: {e}", file=sys.stderr)
         return 2
     print(header(check, plan(check)), flush=True)
     print(f"gpu_check: records to {check.out}", flush=True)
-    statuses = [run_stage(check, stage) for stage in STAGES]
+    try:
+        statuses = [run_stage(check, stage) for stage in STAGES]
+    except ResultsError as e:           # a record that could not be stored (a full disk)
+        print(f"gpu_check: error: {e}", file=sys.stderr)
+        return 2
     print(f"gpu_check: done in {check.elapsed():.0f} s: "
           + ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "failed", "skipped")),
           flush=True)

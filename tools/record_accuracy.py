@@ -14,42 +14,52 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mgpu_lib.book.cli import Parser
+from mgpu_lib.book.profiles import PROFILES, get_profile
+from mgpu_lib.book.sweep import sweep
+from mgpu_lib.config import BF16_FLAG, SEED
 
-from mgpu_lib.book.profiles import get_profile       # noqa: E402
-from mgpu_lib.book.store import recorded           # noqa: E402
-from mgpu_lib.book.sweep import sweep                # noqa: E402
-from mgpu_lib.config import BF16_FLAG         # noqa: E402
-from mgpu_lib.training import TrainConfig          # noqa: E402
+# The repository's copy of the records (this tool makes package data, in a clone), never an
+# installed package's.
+RECORDED = Path(__file__).resolve().parent.parent / "mgpu_lib" / "recorded"
 
 
 def seed_list(text: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]."""
+    """'0-3,7' -> [0, 1, 2, 3, 7]; a bad seed or range is one line (argparse's error)."""
     seeds = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        seeds += list(range(int(lo), int(hi or lo) + 1))
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            first, last = SEED.parse(lo), SEED.parse(hi or lo)
+            if last < first:
+                raise ValueError(f"range {part!r} runs backwards")
+            seeds += list(range(first, last + 1))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return seeds
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", default="cpu")
+    p = Parser(prog="tools/record_accuracy.py", description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="cpu", choices=list(PROFILES))
     p.add_argument("--bf16", choices=list(BF16_FLAG), default="auto",
                    help="the fast loop's bf16 switch (auto: native bf16 on GPUs only)")
     p.add_argument("--norm-fp32", action="store_true",
                    help="under bf16, run BatchNorm (and what follows it) in fp32")
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
-    p.add_argument("--store", help="JSON Lines store (default: the recorded "
-                                   "accuracy_<profile>.jsonl)")
+    p.add_argument("--store", help="JSON Lines store (default: the repository's "
+                                   "mgpu_lib/recorded/accuracy_<profile>.jsonl)")
     args = p.parse_args(argv)
     if args.norm_fp32 and BF16_FLAG[args.bf16] is not True:
         p.error("--norm-fp32 applies to bf16: add --bf16 on")
     base = get_profile(args.profile).config(bf16=BF16_FLAG[args.bf16],
-                                    norm_fp32=args.norm_fp32)
-    store = args.store or recorded(f"accuracy_{args.profile}.jsonl")
-    sweep(base, {"fast": [False, True]}, seeds=args.seeds, store=store,
-          log=lambda line: print(line, flush=True))
+                                            norm_fp32=args.norm_fp32)
+    store = args.store or RECORDED / f"accuracy_{args.profile}.jsonl"
+    try:
+        sweep(base, {"fast": [False, True]}, seeds=args.seeds, store=store,
+              log=lambda line: print(line, flush=True))
+    except ValueError as e:          # a store that is no store, a device that is not here
+        p.exit(2, f"{p.prog}: error: {e}\n")
     return 0
 
 

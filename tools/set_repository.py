@@ -6,57 +6,134 @@
 The launch buttons (Colab, Kaggle, Binder) read `_config.yml` when the book is built; a notebook
 opened in Colab or Kaggle has no `_config.yml`, so its setup cell carries the URL it installs
 mgpu_lib from. tests/test_notebooks.py checks that every copy agrees with `_config.yml`.
+
+All or nothing: the URL is checked (a GitHub owner and repository name), every file is read,
+parsed and checked writable first, and only then written, each through a temporary file
+renamed over it. Anything wrong is one line and exit 2, with no file changed.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 import yaml
 
+from mgpu_lib.book.cli import Parser
+
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "_config.yml"
-NOTEBOOKS = sorted(p for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb"))
 # The setup cell's line: REPO_URL = "https://github.com/..."  # _config.yml's repository
 REPO_LINE = re.compile(r'^REPO_URL = "[^"]*"', re.M)
-URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+")
+# GitHub's rules: an owner is 1 to 39 letters, digits and single hyphens, not at either end; a
+# repository name is letters, digits, '.', '-' and '_', and never only dots ('.', '..').
+URL = re.compile(r"https://github\.com/(?P<owner>[A-Za-z0-9](?:-?[A-Za-z0-9]){0,38})/"
+                 r"(?P<name>(?!\.+$)[\w.-]{1,100})")
+CONFIG_URL = re.compile(r"^(repository:\n  url: ).*$", re.M)
 
 
-def set_config_url(url: str) -> None:
-    """Write `url` as `repository: url:` in _config.yml, leaving the rest of the file as it is."""
-    text = CONFIG.read_text()
-    new, n = re.subn(r"^(repository:\n  url: ).*$", rf"\g<1>{url}", text, count=1, flags=re.M)
-    if n != 1:
-        sys.exit("set_repository: no 'repository:' block with 'url:' first in _config.yml")
-    CONFIG.write_text(new)
+class Refused(ValueError):
+    """What keeps the repository from being stamped, in one line; nothing was written."""
 
 
-def stamp(url: str) -> list[str]:
-    """Write `url` into each notebook's setup cell; the notebooks changed."""
-    changed = []
-    for path in NOTEBOOKS:
+def check_url(url: str) -> str:
+    m = URL.fullmatch(url)
+    if not m or len(m["owner"]) > 39:
+        raise Refused(f"expected https://github.com/OWNER/REPO (GitHub's names), got {url!r}")
+    return url
+
+
+def notebooks(root: Path) -> list[Path]:
+    return sorted(p for d in ("chapters", "exercises") for p in (root / d).glob("*.ipynb"))
+
+
+def _writable(path: Path) -> None:
+    if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)):
+        raise Refused(f"{path}: not writable")
+
+
+def stamped_config(root: Path, url: str = "") -> tuple[str, str]:
+    """(_config.yml's text with `url` set, the URL it then names)."""
+    config = root / "_config.yml"
+    try:
+        text = config.read_text(encoding="utf-8")
+        if url:
+            text, n = CONFIG_URL.subn(rf"\g<1>{url}", text, count=1)
+            if n != 1:
+                raise Refused(f"{config}: no 'repository:' block with 'url:' first")
+        named = yaml.safe_load(text)["repository"]["url"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise Refused(f"{config}: cannot read its repository url ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return text, check_url(str(named))
+
+
+def stamped_notebook(path: Path, url: str):
+    """`path`'s text with `url` in its setup cell, or None if it is stamped already."""
+    try:
         nb = nbformat.read(path, as_version=4)
-        cell = next((c for c in nb.cells if c.cell_type == "code" and REPO_LINE.search(c.source)),
-                    None)
-        if cell is None:
-            sys.exit(f"set_repository: {path.name} has no REPO_URL line in a code cell")
-        source = REPO_LINE.sub(f'REPO_URL = "{url}"', cell.source, count=1)
-        if source != cell.source:
-            cell.source = source
-            nbformat.write(nb, path)
-            changed.append(path.name)
-    return changed
+    except Exception as e:          # OSError, not UTF-8, not JSON, not a notebook
+        raise Refused(f"{path}: cannot read it as a notebook ({type(e).__name__})") from None
+    cell = next((c for c in nb.cells if c.cell_type == "code" and REPO_LINE.search(c.source)),
+                None)
+    if cell is None:
+        raise Refused(f"{path.name} has no REPO_URL line in a code cell")
+    source = REPO_LINE.sub(f'REPO_URL = "{url}"', cell.source, count=1)
+    if source == cell.source:
+        return None
+    cell.source = source
+    return nbformat.writes(nb).rstrip("\n") + "\n"       # as nbformat.write ends a file
 
 
-def main(argv: list[str]) -> int:
-    if argv:
-        if not URL.fullmatch(argv[0]):
-            sys.exit(f"set_repository: expected https://github.com/OWNER/REPO, got {argv[0]!r}")
-        set_config_url(argv[0])
-    url = yaml.safe_load(CONFIG.read_text())["repository"]["url"]
-    changed = stamp(url)
+def plan(root: Path, url: str = "") -> tuple[str, dict[Path, str]]:
+    """The URL, and every file to write with its new text: all read and checked, none written."""
+    text, url = stamped_config(root, url and check_url(url))
+    writes = {root / "_config.yml": text} if text != (root / "_config.yml").read_text(
+        encoding="utf-8") else {}
+    for path in notebooks(root):
+        new = stamped_notebook(path, url)
+        if new is not None:
+            writes[path] = new
+    for path in writes:
+        _writable(path)
+    return url, writes
+
+
+def write_all(writes: dict[Path, str]) -> None:
+    """Each file's new text to a temporary file beside it first, then every one renamed into
+    place: a failure before the renames leaves every file as it was."""
+    staged = {}
+    try:
+        for path, text in writes.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            staged[path] = tmp
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+    except OSError as e:
+        raise Refused(f"cannot write {e.filename or 'a file'}: {e.strerror or e}") from None
+    finally:
+        for tmp in staged.values():
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def main(argv: list[str], root: Path = ROOT) -> int:
+    p = Parser(prog="set_repository", description=__doc__.splitlines()[0])
+    p.add_argument("url", nargs="?", default="",
+                   help="https://github.com/OWNER/REPO, written to _config.yml first")
+    args = p.parse_args(argv)
+    try:
+        url, writes = plan(root, args.url)
+        write_all(writes)
+    except Refused as e:
+        print(f"set_repository: error: {e}", file=sys.stderr)
+        return 2
+    changed = [p.name for p in writes if p.suffix == ".ipynb"]
     names = f" ({', '.join(changed)})" if changed else ""
     print(f"{url}: {len(changed)} notebook(s) updated{names}")
     return 0

@@ -9,14 +9,18 @@
     torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
-(its result is still written).
+(its result is still written). Output paths are checked before any work starts, and a result
+is saved before anything is printed about it; once standard output's reader is gone (`| head`),
+what would be printed is dropped and the work goes on.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -24,15 +28,16 @@ from ..lab.bench import bench, format_bench
 from ..data import DataError
 from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, run
 from ..devices import DeviceError, num_gpus
-from .pages import prediction_header, prediction_rows
-from .plan import merge_vary, parse_vary, plan_line, predicted_sweep, vary_keys
+from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
-from .store import ResultsError, append, check_writable, save_result
+from .store import Output, ResultsError, append, check_writable, save_result
 from ..config import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
 from ..lab.launcher import LOG, LaunchError, launch
-from .sweep import MAX_POINTS, count_points, sweep
+from ..model import check_width
+from .sweep import (MAX_POINTS, count_points, merge_vary, parse_vary, plan_line, plural,
+                    predicted_sweep, sweep, unique, vary_keys)
 from ..config import BF16_FLAG
-from ..lab.trace import Variant, summary_lines, trace_ddp
+from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
 
 
@@ -79,7 +84,7 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER),
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
@@ -110,29 +115,46 @@ def config_from_args(args) -> TrainConfig:
     config = getattr(args, "config_class", TrainConfig)
     overrides = {f.name: getattr(args, f.name) for f in on_cli(config)
                  if getattr(args, f.name, None) is not None}
-    return profile.config(config, **overrides)
+    config = profile.config(config, **overrides)
+    check_width(config.width, config.batch_size, config.devices)   # one line, before allocating
+    return config
 
 
 def cmd_train(args) -> int:
     config = config_from_args(args)
-    if args.out:
-        check_writable(args.out)               # before training, not after
-    if args.strategy == "ddp":
-        result = _train_ddp(config, args)      # it echoes rank 0's summary line itself
-        if result is None:
+    ddp = args.strategy == "ddp"
+    if not ddp and (args.nprocs or args.checkpoint or args.resume or args.timeout is not None):
+        raise ValueError("--nprocs, --checkpoint, --resume and --timeout need --strategy ddp")
+    if ddp and args.out and args.checkpoint and os.path.realpath(args.out) == os.path.realpath(
+            Path(args.checkpoint) / CKPT_NAME):
+        raise ValueError(f"--out {args.out} is the checkpoint file; name another file")
+    args.timeout = COLLECTIVE_TIMEOUT_S if args.timeout is None else args.timeout
+    # checked before training (a FIFO opened now); a store or a checkpoint is never replaced
+    with (Output(args.out) if args.out else _NoOutput()) as out:
+        result = _train_ddp(config, args) if ddp else train(config, progress=True)
+        if result is None:                     # a DDP rank failed: said in one line
             return 1
-    elif args.nprocs or args.checkpoint or args.resume:
-        raise ValueError("--nprocs, --checkpoint and --resume need --strategy ddp")
-    else:
-        result = train(config, progress=True)
+        out.write(result.to_dict())            # saved first: printing can fail (a closed pipe)
+    if not ddp:                                # DDP echoed rank 0's summary line already
         print(result.summary())
-    if args.out:
-        save_result(result, args.out)
     return 0 if result.status == "ok" else 3
 
 
+class _NoOutput:
+    """No `--out`: saving is a no-op."""
+
+    def write(self, obj) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def vary_type(config=TrainConfig):
-    """An argparse type for --vary: `plan.parse_vary` for `config`, refusals in one line."""
+    """An argparse type for --vary: `sweep.parse_vary` for `config`, refusals in one line."""
     def convert(text: str) -> tuple:
         try:
             return parse_vary(text, config)
@@ -166,23 +188,26 @@ def cmd_sweep(args) -> int:
     if args.out:
         raise ValueError("sweep has no --out: it appends every point to --store")
     try:
-        seeds = [SEED.parse(s) for s in args.seeds.split(",")]
+        seeds, repeated = unique([SEED.parse(s) for s in args.seeds.split(",")])
     except ValueError as e:
         raise ValueError(f"--seeds: {e}") from None
-    base, vary = config_from_args(args), merge_vary(args.vary)
+    base, (vary, notes) = config_from_args(args), merge_vary(args.vary)
+    notes += [f"seed {s} given more than once; swept once" for s in repeated]
     n = count_points(vary, seeds)
     if n > MAX_POINTS:
         raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
                          "vary fewer values")
     pred = predicted_sweep(base, vary, seeds)
-    print(plan_line(base, vary, seeds, pred), flush=True)
+    print("\n".join([plan_line(base, vary, seeds, pred)] + [f"note: {t}" for t in notes]),
+          flush=True)
     if n > SWEEP_CAP and not args.yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
     if pred and pred[1] > SWEEP_HOURS * 3600 and not args.yes:
-        raise ValueError(f"predicted to take up to {pred[1] / 3600:.1f} h, more than "
-                         f"{SWEEP_HOURS:g} h; pass --yes to train it")
-    records = sweep(base, vary, seeds=seeds, store=args.store, log=print)
-    print(f"{len(records)} points in {args.store}")
+        raise ValueError(f"the plan may take {minutes(pred[1])}, more than {SWEEP_HOURS:g} h; "
+                         f"pass --yes to train it")
+    records = sweep(base, vary, seeds=seeds, store=args.store,
+                    log=lambda line: print(line, flush=True))
+    print(f"{plural(len(records), 'point')} in {args.store}")
     return 0
 
 
@@ -204,8 +229,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args) -> int:
-    if args.out:
-        check_writable(args.out, store=True)     # it appends: a store, refused before the run
+    if args.out:     # it appends: a store of benchmarks, refused before the run
+        check_writable(args.out, store=True, kind="bench")
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers,
@@ -248,15 +273,15 @@ def add_worker_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
 
 def cmd_worker(args) -> int:
     """One rank of a torchrun job. A run that diverged exits 0 too: its result says so."""
-    if "RANK" not in os.environ:
-        raise ValueError("run this under torchrun: torchrun --nproc_per_node=N -m mgpu_lib "
-                         "worker ...")
+    missing = [k for k in TORCHRUN_ENV if k not in os.environ]
+    if missing:
+        raise ValueError(f"run this under torchrun (no {', '.join(missing)} in the "
+                         "environment): torchrun --nproc_per_node=N -m mgpu_lib worker ...")
     if args.devices is not None:
         raise ValueError("--devices does not apply: torchrun's --nproc_per_node sets the "
                          "processes")
     try:
-        config = (TrainConfig(**json.loads(Path(args.config).read_text())) if args.config
-                  else config_from_args(args))
+        config = _worker_config(args.config) if args.config else config_from_args(args)
         if args.out:
             check_writable(args.out)
         if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
@@ -271,6 +296,18 @@ def cmd_worker(args) -> int:
               flush=True)
         return 2
     return 0
+
+
+# What torchrun (and `launcher.run_ranks`) give each rank; `init_process_group` reads them.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _worker_config(path: str) -> TrainConfig:
+    """The exact config `launch` wrote to `path` (JSON), or a one-line ValueError."""
+    try:
+        return TrainConfig(**json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--config {path}: not a TrainConfig JSON file ({e})") from None
 
 
 def cmd_pages(args) -> int:
@@ -290,7 +327,7 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
                    help="DDP processes (default 2)")
     p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
                                      "(default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--bucket-cap-mb", type=argtype(POSITIVE_NUMBER),
+    p.add_argument("--bucket-cap-mb", type=argtype(BUCKET_CAP),
                    help="trace this bucket cap only (default: small buckets, one bucket, and "
                         "one bucket with no_sync)")
     p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
@@ -318,7 +355,7 @@ def cmd_trace(args) -> int:
     try:
         run = trace_ddp(config, args.nprocs, variants, out=args.out, active=args.steps,
                         timeout_s=args.timeout)
-    except (RuntimeError, TimeoutError) as e:     # a rank failed or hung: one line
+    except (LaunchError, OSError) as e:     # a rank failed or hung, a full disk: one line
         print(f"python -m mgpu_lib trace: error: {e}", file=sys.stderr)
         return 1
     print("\n".join(summary_lines(run)))
@@ -330,15 +367,55 @@ COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker"
             "pages": cmd_pages, "trace": cmd_trace}
 
 
+class _Stdout:
+    """Standard output that outlives its reader (`| head -1`): once the pipe is closed, what
+    would be printed is dropped (the descriptor pointed at os.devnull, the recipe of Python's
+    docs for SIGPIPE) and the work goes on, so no result is lost to a traceback."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):    # not a real file: drop it all
+            self.stream = io.StringIO()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    # a DDP worker's reader is its supervisor: once that is gone, the worker should stop too
+    out = _Stdout(sys.stdout) if args.command != "worker" else sys.stdout
     try:
-        return COMMANDS[args.command](args)
+        with redirect_stdout(out):
+            try:
+                return COMMANDS[args.command](args)
+            finally:
+                out.flush()
     except (ValueError, DeviceError, DataError, ResultsError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:     # Ctrl-C; or SIGTERM during a DDP job (`Terminated`)
-        print(f"python -m mgpu_lib {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        print(f"python -m mgpu_lib {args.command}: {str(e) or 'interrupted (Ctrl-C)'}; "
+              "stopped, no result written for the run in progress", file=sys.stderr)
         return getattr(e, "exit_code", 130)
 
 

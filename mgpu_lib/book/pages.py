@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -38,6 +37,7 @@ from .style import book_style
 from ..training import TrainConfig
 
 BUDGET_MIN = 15.0
+MAX_BUDGET_MIN = 7 * 24 * 60      # a week: a longer page budget is a typo, not a plan
 STARTUP_S = 20.0
 FULL_TRAIN, FULL_TEST = 60_000, 10_000
 MIN_TRAIN = 5_000           # trimming never goes below this many training images
@@ -45,7 +45,13 @@ MIN_TRAIN = 5_000           # trimming never goes below this many training image
 
 @dataclass(frozen=True)
 class Ex1Plan:
-    """Exercise 1's sweeps under a profile: the base config, the values, and the store."""
+    """Exercise 1's sweeps under a profile: the base config, the values, and the stores.
+
+    `store` is where the page reads its points: under `cpu` the record shipped with the package
+    (`recorded` is True), read and never written. New points go to `runs`, never inside the
+    package: `./runs/`, or under `smoke` a scratch folder removed when the process exits. So
+    `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded else None)`.
+    """
     base: TrainConfig
     epochs: list
     batches: list
@@ -53,6 +59,9 @@ class Ex1Plan:
     store: Path
     recorded: bool              # the store is a record shipped with the package
     seeds: tuple
+    runs: Path
+    scratch: Optional[tempfile.TemporaryDirectory] = field(default=None, compare=False,
+                                                          repr=False)
 
 
 def recorded_cpu_rates() -> dict[str, dict[int, float]]:
@@ -60,25 +69,42 @@ def recorded_cpu_rates() -> dict[str, dict[int, float]]:
     return cpu_rates(read(recorded("bench_cpu.jsonl")))
 
 
+def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
+                 ) -> Optional[tuple[float, float, str]]:
+    """(low, high, on what): the seconds `jobs` take on GPUs named `gpu_name` (the band of the
+    fitted overheads), or without one on the recorded 2-core CPUs (the slowest and the
+    fastest). None where no datasheet or record predicts it. The one prediction the pages'
+    setup cells and a sweep's plan both make."""
+    if gpu_name:
+        spec = spec_for_name(gpu_name)
+        return None if spec is None else (*gpu_band(jobs, spec), spec.name)
+    rates = recorded_cpu_rates()
+    if not rates:
+        return None
+    times = [cpu_seconds(jobs, r) for r in rates.values()]
+    return min(times), max(times), recorded_cpus(rates)
+
+
 def ex1_plan(profile: Profile) -> Ex1Plan:
-    """smoke: a tiny sweep in a temporary folder; cpu: the recorded sweep (width 16, 5,000
-    images), read, not retrained; anything else: the chapter's settings, stored in ./runs/."""
+    """smoke: a tiny sweep in a scratch folder (gone when the process exits); cpu: the
+    recorded sweep (width 16, 5,000 images), read, not retrained; anything else: the chapter's
+    settings. New points go to ./runs/ex1_<profile>.jsonl."""
+    runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
         base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
-        return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0],
-                       Path(tempfile.gettempdir())
-                       / f"mgpu-ex1-smoke-{os.getpid()}-{time.time_ns()}.jsonl",
-                       False, profile.seeds)
+        scratch = tempfile.TemporaryDirectory(prefix="mgpu-ex1-smoke-")
+        store = Path(scratch.name) / "ex1_smoke.jsonl"
+        return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], store, False, profile.seeds,
+                       store, scratch)
     if profile.name == "cpu":
         base = profile.config(train_limit=5000, test_limit=1000)
         return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], [0.05, 0.1, 0.2, 0.4, 50.0],
-                       recorded("ex1_cpu.jsonl"), True, profile.seeds)
+                       recorded("ex1_cpu.jsonl"), True, profile.seeds, runs)
     base = profile.config()
     e = base.num_epochs
     epochs = sorted({max(1, e // 5), max(1, e // 2), e, 2 * e})
-    store = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
-    return Ex1Plan(base, epochs, [128, 256, 512, 1024], [0.05, 0.1, 0.2, 0.4, 50.0], store,
-                   False, profile.seeds)
+    return Ex1Plan(base, epochs, [128, 256, 512, 1024], [0.05, 0.1, 0.2, 0.4, 50.0], runs,
+                   False, profile.seeds, runs)
 
 
 def _run(what: str, p: Profile, runs: int = 1, batch: Optional[int] = None,
@@ -202,18 +228,23 @@ def budget_s() -> float:
         minutes = float(text)
     except ValueError:
         minutes = -1.0
-    if not minutes >= 0:
-        raise ValueError(f"MGPU_PAGE_BUDGET_MIN must be a number of minutes >= 0, got {text!r}")
+    if not 0 <= minutes <= MAX_BUDGET_MIN:     # nan and inf too
+        raise ValueError(f"MGPU_PAGE_BUDGET_MIN must be a number of minutes from 0 (no limit) "
+                         f"to {MAX_BUDGET_MIN:,} (a week), got {text!r}")
     return 60 * minutes
 
 
 def minutes(seconds: float) -> str:
-    """'under a minute', 'about 4 min', 'about 1.5 h'."""
+    """'under a minute', 'about 4 min', 'about 1.5 h', 'about 3 days', 'over a year'."""
     if seconds < 60:
         return "under a minute"
     if seconds < 90 * 60:
         return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"
+    if seconds < 48 * 3600:
+        return f"about {seconds / 3600:.1f} h"
+    if seconds < 365 * 86400:
+        return f"about {seconds / 86400:.0f} days"
+    return "over a year"
 
 
 def span(low: float, high: float) -> str:
@@ -241,16 +272,15 @@ def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
         def seconds(jobs):
             return gpu_seconds(jobs, spec)
         p, cuts = trim(page, profile, seconds, budget, gpus or 1)
-        lo, hi = gpu_band(page_jobs(page, p, gpus or 1), spec)
+        lo, hi, _ = predict_jobs(page_jobs(page, p, gpus or 1), gpu_name)
         on = f"{gpus} x {spec.name.split()[0]}" if gpus > 1 else f"one {spec.name.split()[0]}"
         return dict(seconds=(STARTUP_S + lo, STARTUP_S + hi), profile=p, cuts=cuts, on=on,
                     budget_s=budget)
-    rates = recorded_cpu_rates()
-    if not rates:
-        return dict(seconds=None, profile=profile, cuts=[], on="this CPU")
-    times = [STARTUP_S + cpu_seconds(page_jobs(page, profile), r) for r in rates.values()]
-    return dict(seconds=(min(times), max(times)), profile=profile, cuts=[],
-                on=recorded_cpus(rates), budget_s=budget)
+    band = predict_jobs(page_jobs(page, profile))
+    if band is None:
+        return dict(seconds=None, profile=profile, cuts=[], on="this CPU", budget_s=budget)
+    return dict(seconds=(STARTUP_S + band[0], STARTUP_S + band[1]), profile=profile, cuts=[],
+                on=band[2], budget_s=budget)
 
 
 def expected_line(pred: dict) -> str:
@@ -259,7 +289,7 @@ def expected_line(pred: dict) -> str:
         return f"expected: no prediction ({pred['on'][:32]} has no datasheet here)"
     line = f"expected: {span(*pred['seconds'])} on {pred['on']} (predicted)"
     if pred["cuts"]:
-        line += (f"\ntrimmed to fit {pred['budget_s'] / 60:g} min:"
+        line += (f"\ntrimmed to fit {pred['budget_s'] / 60:,g} min:"
                  + "".join(f"\n  {c}" for c in pred["cuts"]))
     return line
 
@@ -283,7 +313,7 @@ def setup_page(page: str) -> tuple[Profile, str]:
 def prediction_header(budget: Optional[float] = None) -> list[str]:
     """The Markdown header of `prediction_rows`' table, naming the budget it was cut to."""
     budget = budget_s() if budget is None else budget
-    cut = f"cut to fit {budget / 60:g} min" if budget > 0 else "cuts (no budget)"
+    cut = f"cut to fit {budget / 60:,g} min" if budget > 0 else "cuts (no budget)"
     return [f"| page | T4, `full` as written | T4, `full` as run | {cut} | 2-core CPU, `cpu` |",
             "|---|---|---|---|---|"]
 
@@ -293,11 +323,10 @@ def prediction_rows(pages: Sequence[str] = PAGES, budget: Optional[float] = None
     `budget` seconds, and as the profile has it) and on the recorded 2-core CPUs under `cpu`.
     T4 times are ranges over the fitted overheads (no published run names a T4)."""
     full, cpu = get_profile("full"), get_profile("cpu")
-    t4 = spec_for_name("T4")
     rows = []
     for page in pages:
         as_is = predict(page, full, "Tesla T4", 1, budget)
-        untrimmed = [STARTUP_S + t for t in gpu_band(page_jobs(page, full, 1), t4)]
+        untrimmed = [STARTUP_S + t for t in predict_jobs(page_jobs(page, full, 1), "T4")[:2]]
         rows.append((page, span(*untrimmed), span(*as_is["seconds"]),
                      "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"])))
     return rows

@@ -1,15 +1,21 @@
 """The results store: JSON Lines files, one record appended per run, and the statistics on them.
 
 Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
-`mgpu_lib.training.record_header`). Appending takes a file lock (`filelock`, on every platform), so two processes
-writing one store both keep their records. What the store refuses and what it keeps:
+`mgpu_lib.training.record_header`), and a store holds one kind of record (runs, benchmarks or
+gpu_check stages: `record_kind`). Appending takes a file lock (`filelock`, on every platform), so
+two processes writing one store both keep their records. What the store refuses and what it keeps:
 - a path that is not a regular file (a device, a FIFO, `/dev/null`) is never a store, and a
   file with a line that is not a record is "not a results store": one line, the file untouched;
-- a torn last line (a run killed mid-write) is skipped with a warning; the next append drops it;
+- a torn last line after a whole record (a run killed mid-write) is skipped with a warning; the
+  next append drops it. A file with no whole record before it was never a store: refused;
+- a record of another kind than the store's is refused, before any work when the caller says
+  what it will append (`check_writable(..., kind=...)`);
 - a failed append (a full disk) cuts the store back to its old length and keeps the record in a
-  file beside it (`ResultsError` says where); so does a failed `write_json_atomic`.
+  file beside it (`ResultsError` says where); so does a failed `Output.write`.
+A run's own file (`--out`, `Output`) replaces only an earlier JSON document, never a store or a
+checkpoint; a FIFO is opened before the run, and one without a reader is refused, not waited on.
 The records this book shows ship inside the package (`mgpu_lib/recorded/`), so a notebook finds
-them in Colab as well as in a clone: `recorded(name)`.
+them in Colab as well as in a clone: `recorded(name)`. They are read, never written at run time.
 """
 from __future__ import annotations
 
@@ -23,13 +29,14 @@ import tempfile
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from filelock import FileLock
 
-from ..training import HEADER, LEGACY_SCHEMA, SCHEMA, TrainResult
+from ..training import HEADER, LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
+MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
 
 
 class ResultsError(ValueError):
@@ -70,17 +77,28 @@ def _check_names(path: Path, parent: Path) -> None:
             raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
 
 
-def check_writable(path, *, store: bool = False) -> Path:
+def record_kind(rec: dict) -> str:
+    """What a store's record is: its "kind" ("bench"), "gpu_check stage", or "run" (a
+    `TrainResult`: a run or a sweep point)."""
+    return str(rec.get("kind") or ("gpu_check stage" if "stage" in rec else "run"))
+
+
+def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> Path:
     """`path` as a Path, after checking that a file can be created or appended there.
 
     Call it before any work starts, so a bad `--out` fails in a second, not after training.
-    A symlink is followed. An output may be a character device or a FIFO (written straight
-    into, never replaced); a store (`store=True`) must be a regular file or not exist yet.
+    A symlink is followed. A name ending in a slash is a folder, never a file's name. An output
+    may be a character device or a FIFO (written straight into, never replaced); a store
+    (`store=True`) must be a regular file holding records, or not exist yet, and with `kind`
+    its records must be of that kind (`record_kind`).
     """
     if str(path) == "-":
         raise ResultsError("'-' (standard output) is not supported: name a file, or leave the "
                            "option out")
     shown = _shown(path)
+    if str(path).endswith(("/", os.sep)):
+        raise ResultsError(f"cannot write {shown}: a name ending in '/' is a folder; name a "
+                           f"file in it")
     try:
         path = Path(os.path.realpath(path))
         mode = _mode(path)
@@ -101,7 +119,19 @@ def check_writable(path, *, store: bool = False) -> Path:
         raise ResultsError(f"cannot write {shown}: {parent} is not a folder")
     if not writable:
         raise ResultsError(f"cannot write {shown}: permission denied")
+    if store and mode is not None:      # a file that is no store, or another kind's: now
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # a torn line: its reader says so
+            records = read(path)
+        _check_kind(records, kind, shown)
     return path
+
+
+def _check_kind(records: Sequence[dict], kind: Optional[str], shown: str) -> None:
+    other = next((record_kind(r) for r in records if record_kind(r) != kind), None)
+    if kind is not None and other is not None:
+        raise ResultsError(f"{shown} holds {other} records, and a store holds one kind: a "
+                           f"{kind} record does not go there (name another file)")
 
 
 def _keep(text: str, path: Path, error: OSError) -> ResultsError:
@@ -110,7 +140,7 @@ def _keep(text: str, path: Path, error: OSError) -> ResultsError:
     cause = f"cannot write {_shown(path)}: {error.strerror or error}"
     try:
         fd, kept = tempfile.mkstemp(prefix=f"mgpu-{path.name[:40]}.", suffix=".kept")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError:
         return ResultsError(f"{cause}; the result: {' '.join(text.split())}")
@@ -124,38 +154,110 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_json_atomic(path, obj) -> None:
-    """Write `obj` as JSON so that readers see the old file or the new one, never half of one.
-
-    A symlink is followed and its target written; a character device or a FIFO is written
-    straight into (never replaced). If writing fails (a full disk), the JSON is kept beside and
-    ResultsError says where.
-    """
-    path = check_writable(path)
-    text = json.dumps(obj, indent=1)
-    tmp = None
+def _open_stream(path: Path, shown: str) -> int:
+    """A FIFO or a device opened for writing now, without blocking: a FIFO nobody reads would
+    otherwise hang the run's end forever."""
     try:
-        if _mode(path) is not None and not path.is_file():   # a device or a FIFO: write into it
-            fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        why = ("a FIFO that nobody reads (start its reader first, or name a file)"
+               if e.errno == errno.ENXIO else e.strerror or str(e))
+        raise ResultsError(f"cannot write {shown}: {why}") from None
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)       # the reader is there: the write may wait for it
+    return fd
+
+
+def _check_replaceable(path: Path, shown: str) -> None:
+    """Refuse to replace an existing file that is not one JSON document (an earlier result):
+    a results store, a checkpoint, someone's notes."""
+    size = path.stat().st_size
+    what = "it is not a JSON document (a checkpoint? notes?)"
+    if size <= MAX_RESULT_BYTES:
+        data = path.read_bytes()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                records = _parse(data, path)[0]
+            if not records:
+                return                              # empty, or blank lines only
+            what = f"it is a results store ({_plural(len(records), 'record')})"
+        except ResultsError:                        # no store: one JSON document?
             try:
-                _write_all(fd, text.encode())
-            finally:
-                os.close(fd)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+                json.loads(data)
+                return
+            except ValueError:
+                pass
+    raise ResultsError(f"will not replace {shown}: {what}; an output holds one run's result, "
+                       f"so name another file or remove this one")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+class Output:
+    """A run's output file (`--out`), checked before the run and written after it.
+
+    A regular file is replaced atomically (readers see the old file or the new one), and only
+    if it is empty or one JSON document; a symlink writes its target; a FIFO or a character
+    device is opened now (a FIFO without a reader is refused) and written into, never replaced.
+    If writing fails (a full disk), the JSON is kept beside and ResultsError says where.
+    """
+
+    def __init__(self, path):
+        self.shown = _shown(path)
+        self.path = check_writable(path)
+        self.fd: Optional[int] = None
+        mode = _mode(self.path)
+        if mode is not None and not stat.S_ISREG(mode):
+            self.fd = _open_stream(self.path, self.shown)
+        elif mode is not None:
+            _check_replaceable(self.path, self.shown)
+
+    def write(self, obj) -> None:
+        text = json.dumps(obj, indent=1)
+        try:
+            if self.fd is not None:
+                _write_all(self.fd, text.encode())
+            else:
+                _replace(self.path, text.encode())
+        except OSError as e:
+            raise _keep(text, self.path, e) from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "Output":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
         try:
             os.chmod(tmp, 0o644)       # mkstemp makes 0600; results are for everyone to read
-            _write_all(fd, text.encode())
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except OSError as e:
-        raise _keep(text, path, e) from None
     finally:
-        if tmp is not None and os.path.exists(tmp):
+        if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write `obj` as JSON to `path` (`Output`: checked, then atomic for a file)."""
+    with Output(path) as out:
+        out.write(obj)
 
 
 def _is_text(value, optional: bool = True) -> bool:
@@ -179,9 +281,74 @@ def check_header(rec: dict, where: str) -> None:
         raise ResultsError(f"{where}: bad header field(s) {', '.join(bad)}")
 
 
-def save_result(result: TrainResult, path) -> None:
-    """Write a run's result as JSON, atomically (`write_json_atomic`)."""
-    write_json_atomic(path, result.to_dict())
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _metric_problem(name: str, values, epochs: int, status: str) -> Optional[str]:
+    """What is wrong with one per-epoch list of a run, or None."""
+    if not isinstance(values, list) or not all(map(_is_number, values)):
+        return "is missing or not a list of numbers"
+    whole = (0, epochs) if name == "test_acc" else (epochs,)   # a run may skip evaluation
+    if len(values) > epochs or (status == "ok" and len(values) not in whole):
+        return f"has {len(values)} values for {_plural(epochs, 'epoch')} ({status})"
+    # a diverged run's last loss may be inf or nan: it is why the run stopped
+    checked = values[:-1] if name == "train_loss" and status == "diverged" else values
+    if not all(math.isfinite(v) and v >= 0 for v in checked):
+        return "holds a value that is negative or not finite"
+    if name.endswith("_acc") and any(v > 1 for v in values):
+        return "holds an accuracy above 1"
+    return None
+
+
+def run_problem(d) -> Optional[str]:
+    """What keeps `d` from being a whole run, or None: a schema this mgpu_lib knows, a config
+    with whole num_epochs and seed, a known status, and every metric a list of finite numbers
+    (accuracies within 0 and 1), never more values than epochs, all of them for a run that
+    finished ("ok")."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    schema, config, status = d.get("schema", LEGACY_SCHEMA), d.get("config"), d.get("status", "ok")
+    if schema not in (LEGACY_SCHEMA, SCHEMA):
+        return (f"schema {schema!r}, and this mgpu_lib reads schemas {LEGACY_SCHEMA} and "
+                f"{SCHEMA}: a newer mgpu_lib wrote it?")
+    if not isinstance(config, dict) or not all(_is_int(config.get(k)) and config[k] >= 0
+                                               for k in ("num_epochs", "seed")):
+        return "its config has no whole num_epochs and seed"
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
+    for m in METRICS:
+        problem = _metric_problem(m, d.get(m), config["num_epochs"], status)
+        if problem:
+            return f"{m} {problem}"
+    return None
+
+
+def as_run(d, where: str) -> TrainResult:
+    """A record (a store's line, a result file) as a `TrainResult`, after `run_problem`; the
+    nested form stores wrote before there was one record type (the metrics under "metrics",
+    schemas 1 and 2) is read too. A one-line ResultsError names `where` if it is not a run."""
+    if isinstance(d, dict) and isinstance(d.get("metrics"), dict):
+        d = {**{k: v for k, v in d.items() if k != "metrics"}, **d["metrics"]}
+    problem = run_problem(d)
+    if problem is None:
+        try:
+            return TrainResult.from_dict(d, where)
+        except ValueError as e:
+            problem = str(e)
+    raise ResultsError(f"{where} is not a run's record ({problem})")
+
+
+def save_result(result: TrainResult, out) -> None:
+    """Write a run's result as JSON to `out`, an `Output` or a path (checked, then atomic)."""
+    if isinstance(out, Output):
+        out.write(result.to_dict())
+    else:
+        write_json_atomic(out, result.to_dict())
 
 
 def load_result(path) -> TrainResult:
@@ -191,10 +358,7 @@ def load_result(path) -> TrainResult:
             d = json.load(f)
     except (OSError, ValueError) as e:
         raise ResultsError(f"cannot read train result {_shown(path)}: {e}") from None
-    try:
-        return TrainResult.from_dict(d, where=_shown(path))
-    except ValueError as e:
-        raise ResultsError(str(e)) from None
+    return as_run(d, _shown(path))
 
 
 def _lock(path: Path) -> FileLock:
@@ -205,21 +369,20 @@ def _lock(path: Path) -> FileLock:
 def append(path, record: dict) -> None:
     """Append `record` as one line, under an exclusive lock; durable when this returns.
 
-    The store is checked first (a file that is not a store is left untouched); a torn last line
-    is dropped; a failed write cuts the store back to its old length and keeps the record.
+    The store is checked first (a file that is not a store, or holds another kind of record,
+    is left untouched); a torn last line is dropped; a failed write cuts the store back to its
+    old length and keeps the record.
     """
-    path = check_writable(path, store=True)
+    kind = record_kind(record)
+    path = check_writable(path, store=True, kind=kind)
     line = json.dumps(record, sort_keys=True).encode() + b"\n"
     try:
-        if _mode(path) is not None:     # a file that is not a store gets no lock file beside it
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                _parse(path.read_bytes(), path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path), open(path, "a+b", buffering=0) as f:
             f.seek(0)                       # append mode opens at the end
             data = f.read()
-            _, whole = _parse(data, path)
+            records, whole = _parse(data, path)
+            _check_kind(records, kind, _shown(path))    # another writer's, since the check
             if whole and data[whole - 1:whole] != b"\n":   # a last record without its newline
                 line = b"\n" + line
             try:
@@ -234,8 +397,9 @@ def append(path, record: dict) -> None:
 
 
 def _parse(data: bytes, path) -> tuple[list[dict], int]:
-    """The records in a store's bytes, and the length of its whole lines (a torn last line,
-    with no newline and starting like a record, is left out with a warning)."""
+    """The records in a store's bytes, and the length of its whole lines. A torn last line (no
+    newline, starting like a record) after a whole record is left out with a warning; with no
+    record before it, the file never was a store."""
     try:
         lines = data.decode().split("\n")
     except UnicodeDecodeError as e:
@@ -247,13 +411,14 @@ def _parse(data: bytes, path) -> tuple[list[dict], int]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if i == len(lines) and line.startswith("{"):
+            if i == len(lines) and line.startswith("{") and records:
                 warnings.warn(f"{Path(path).name}, line {i}: not a whole record (an "
                               f"interrupted write?); skipped", stacklevel=3)
                 whole = len(data) - len(line.encode())
                 continue
             raise ResultsError(f"{_shown(path)}, line {i}: not JSON, so not a results store "
-                               f"(only a torn last line is an interrupted write)") from None
+                               f"(only a torn last line after a whole record is an "
+                               f"interrupted write)") from None
         if not isinstance(rec, dict):
             raise ResultsError(f"{_shown(path)}, line {i}: expected a JSON object per line, "
                                f"got {type(rec).__name__}; is this a results store?")
@@ -274,7 +439,8 @@ def read(path) -> list[dict]:
         if mode is None:
             return []
         if not stat.S_ISREG(mode):
-            raise ResultsError(f"results store {shown} is {_kind(mode)}, not a regular file")
+            raise ResultsError(f"cannot read {shown}: it is {_kind(mode)}; a results store "
+                               f"must be a regular file")
         data = path.read_bytes()
     except OSError as e:
         raise ResultsError(f"cannot read results store {shown}: {e.strerror or e}") from None

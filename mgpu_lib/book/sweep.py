@@ -1,34 +1,48 @@
 """Resumable hyperparameter sweeps, stored as JSON Lines: every finished point survives.
 
     python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store runs/lr.jsonl --profile cpu
+    plan: 9 points (lr 3 x seeds 3); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
 
-`sweep` trains the cartesian product of `vary` x `seeds`. After each point it appends one record
-to the store (under a file lock, so two sweeps may share a store), so a crash or Ctrl-C loses at
-most the point in flight, and a rerun skips every point already stored (the key is the full
-config, seed included, plus any sweep option like warmup). A point whose run failed (a DDP rank
-died) is stored with status "failed" and the sweep goes on; a rerun tries it again.
+`sweep` trains the cartesian product of `vary` x `seeds` (a value or a seed given twice is one
+point). Each point is a `TrainResult`, the one record type, with its sweep `options`. After each
+point it appends the record to the store (under a file lock, so two sweeps may share a store),
+so a crash or Ctrl-C loses at most the point in flight, and a rerun skips every point already
+stored (the key is the full config, seed included, plus any sweep option like warmup). Points
+found in a read-only `recorded` store (one shipped with the package) are not trained either,
+and a sweep with nothing to train writes nothing. Every point to train is checked before the
+first one trains (devices that exist, a batch DDP processes can split). A point whose run failed
+(a DDP rank died) is stored with status "failed" and the sweep goes on; a rerun tries it again.
 
 Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
 depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
 config differs from a stored (or just-trained) record only by a smaller `num_epochs` is derived
 from that record by truncation instead of being trained again (its record says `derived_from`).
+
+The plan (`plan_line`) is predicted by the pages' one predictor (`pages.predict_jobs`). Points
+that differ only in epochs are derived from the longest run, so only the longest is counted;
+stored points are skipped when the sweep runs, so the prediction is an upper bound.
 """
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from . import store as results
+from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
+from ..config import COUNT, NONNEGATIVE_NUMBER, SWITCH_FIELDS, Check, flag_name, on_cli
+from ..ddp import choose_backend, local_batch_size
+from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.launcher import LaunchError, launch
-from ..config import COUNT, NONNEGATIVE_NUMBER
-from ..config import SWITCH_FIELDS
-from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, TrainConfig, TrainResult, run_problem, train
+from ..model import check_width
+from ..perf.runtime import Job
+from ..training import METRICS, TrainConfig, TrainResult, train
 
 # Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
 # and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
@@ -36,70 +50,17 @@ OPTIONS = {"warmup_epochs": NONNEGATIVE_NUMBER, "nprocs": COUNT}
 # Above this many points a sweep is refused before its list is built: 10**7 configs take
 # minutes just to construct, and no run of this book's network finishes that many.
 MAX_POINTS = 100_000
+# The settings that change a run's cost in the model; every other key only multiplies runs.
+SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
+MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no prediction (it is slow)
 
 
-@dataclass
-class Record:
-    """One finished sweep point: config (seed included), options, per-epoch metrics, hardware."""
-    config: dict
-    options: dict
-    status: str
-    hardware: str
-    profile: str
-    num_devices: int
-    steps_per_epoch: int
-    data_source: str
-    metrics: dict
-    extra: dict = field(default_factory=dict)
-    derived_from: Optional[str] = None
-    schema: int = SCHEMA            # the rest of the header (record.py), from the run's result
-    mgpu_lib: Optional[str] = None
-    git: Optional[str] = None
-    torch: Optional[str] = None
+def plural(n: int, word: str) -> str:
+    """'1 point', '2 points', '1,000 points'."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "a sweep record") -> "Record":
-        """A record from its JSON; one-line ResultsError if it is not a whole one. A record
-        from before the header is schema 1 with its versions unknown."""
-        problem = ("not a JSON object" if not isinstance(d, dict) else
-                   "its metrics are not a dict" if not isinstance(d.get("metrics"), dict) else
-                   run_problem({**d["metrics"], "config": d.get("config"),
-                                "status": d.get("status")}))
-        try:
-            if problem is None:
-                return cls(**{"schema": LEGACY_SCHEMA, **d})
-        except TypeError as e:
-            problem = str(e)
-        raise results.ResultsError(f"{where} is not a sweep record ({problem})")
 
-    @property
-    def key(self) -> str:
-        """Computed, never stored: it follows the current TrainConfig's defaults."""
-        return point_key(self.config, self.options)
-
-    @property
-    def seed(self) -> int:
-        return self.config["seed"]
-
-    @property
-    def final_test_acc(self) -> float:
-        """record.py's rule, as for a TrainResult: nan unless the run finished ("ok")."""
-        return TrainResult(self.config, "", 0, "", 0, test_acc=self.metrics["test_acc"],
-                           status=self.status).final_test_acc
-
-    @property
-    def sec_per_epoch(self) -> float:
-        """record.py's rule, as for a TrainResult: nan for a run with no epochs."""
-        return TrainResult(self.config, "", 0, "", 0,
-                           epoch_seconds=self.metrics["epoch_seconds"]).sec_per_epoch
-
-    def get(self, name: str):
-        """A config field or a sweep option by name (what `plot_sweep(x=...)` reads)."""
-        return self.options[name] if name in self.options else self.config[name]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
+# ---- the points ------------------------------------------------------------------------------
 
 def point_key(config, options: Optional[dict] = None) -> str:
     """A stable string for a point (a TrainConfig or its dict): the config fields that differ
@@ -115,28 +76,28 @@ def point_key(config, options: Optional[dict] = None) -> str:
     return json.dumps({"config": cfg, "options": opts}, sort_keys=True)
 
 
-def record_from_result(result: TrainResult, config: TrainConfig, options: dict) -> Record:
-    return Record(config=config.to_dict(), options=dict(options),
-                  status=result.status, hardware=result.hardware, profile=config.profile,
-                  num_devices=result.num_devices, steps_per_epoch=result.steps_per_epoch,
-                  data_source=result.data_source,
-                  metrics={m: list(getattr(result, m)) for m in METRICS},
-                  extra=dict(result.extra), schema=result.schema, mgpu_lib=result.mgpu_lib,
-                  git=result.git, torch=result.torch)
+def key_of(record: TrainResult) -> str:
+    """A record's point key: computed, never stored (it follows TrainConfig's defaults)."""
+    return point_key(record.config, record.options)
 
 
-def truncate(record: Record, config: TrainConfig, options: dict) -> Optional[Record]:
+def as_point(result: TrainResult, config: TrainConfig, options: dict) -> TrainResult:
+    """`result` as the sweep point (config, options), its profile the config's."""
+    return replace(result, config=config.to_dict(), options=dict(options),
+                   profile=config.profile, extra=dict(result.extra))
+
+
+def truncate(record: TrainResult, config: TrainConfig, options: dict
+             ) -> Optional[TrainResult]:
     """`record` cut to `config.num_epochs` epochs, or None if it is too short to tell."""
     k = config.num_epochs
-    if record.status == "ok" and len(record.metrics["test_acc"]) < k:
+    if record.status == "ok" and len(record.test_acc) < k:
         return None
-    diverged = record.status != "ok" and len(record.metrics["train_loss"]) <= k
-    metrics = {m: list(v) for m, v in record.metrics.items()}
-    if not diverged:   # keep the first k epochs; a later divergence did not happen yet
-        metrics = {m: v[:k] for m, v in metrics.items()}
-    return Record(**{**record.to_dict(), "config": config.to_dict(), "metrics": metrics,
-                     "status": record.status if diverged else "ok",
-                     "derived_from": record.key})
+    diverged = record.status != "ok" and len(record.train_loss) <= k
+    # keep the first k epochs; a later divergence did not happen yet
+    cut = {} if diverged else {m: list(getattr(record, m))[:k] for m in METRICS}
+    return replace(as_point(record, config, options), **cut, derived_from=key_of(record),
+                   status=record.status if diverged else "ok")
 
 
 def _longer_key(config: dict, options: dict) -> str:
@@ -144,18 +105,63 @@ def _longer_key(config: dict, options: dict) -> str:
     return point_key({**config, "num_epochs": 0}, options)
 
 
-def load_store(path) -> list[Record]:
+def load_store(path) -> list[TrainResult]:
     """The records in a store ([] if the file does not exist yet); for a point stored twice,
-    the later record wins."""
+    the later record wins. Records of the nested form older stores hold are read too."""
     by_key: dict = {}
-    for i, d in enumerate(results.read(path)):
-        try:
-            rec = Record.from_dict(d, f"{path}: record {i + 1}")
-            by_key[rec.key] = rec
-        except (TypeError, KeyError, AttributeError) as e:
-            raise results.ResultsError(f"{path}: record {i + 1} is not a sweep record "
-                                       f"({e})") from None
+    for i, d in enumerate(results.read(path), 1):
+        rec = results.as_run(d, f"{results._shown(path)}: record {i}")
+        by_key[key_of(rec)] = rec
     return list(by_key.values())
+
+
+# ---- the axes --------------------------------------------------------------------------------
+
+def unique(values: Sequence) -> tuple[list, list]:
+    """`values` once each, in order, and the values given more than once (by ==, so lr 1 and
+    lr 1.0 are one value)."""
+    counts = Counter(values)
+    return list(counts), [v for v, n in counts.items() if n > 1]
+
+
+def vary_keys(config=TrainConfig) -> dict[str, Check]:
+    """Every --vary key and its check: the config's flags (seeds have --seeds) and the sweep
+    options."""
+    keys = {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"}
+    return {**keys, **OPTIONS}
+
+
+def parse_vary(text: str, config=TrainConfig) -> tuple:
+    """`lr=0.05,0.1` -> ("lr", [0.05, 0.1]), each value by the key's check; a key may be a
+    field's name or its flag's (`epochs`, `batch-size`). A ValueError says what is wrong."""
+    keys = vary_keys(config)
+    aliases = {flag_name(f)[2:].replace("-", "_"): f.name for f in on_cli(config)}
+    name, sep, values = text.partition("=")
+    name = aliases.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
+    if name in ("seed", "seeds"):
+        raise ValueError("seeds are not a --vary key; use --seeds 1,2")
+    if name not in keys:
+        raise ValueError(f"unknown key {name!r}; known keys: {', '.join(keys)}")
+    if not sep or not values:
+        raise ValueError(f"expected NAME=V1,V2,..., got {text!r}")
+    try:
+        return name, [keys[name].parse(v) for v in values.split(",")]
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def merge_vary(pairs) -> tuple[dict, list[str]]:
+    """A repeated key adds its values (`--vary lr=0.05 --vary lr=0.1` sweeps both); a value
+    given twice is swept once. Returns the axes and one note per value given twice."""
+    vary: dict = {}
+    for name, values in pairs:
+        vary.setdefault(name, []).extend(values)
+    notes = []
+    for name, values in vary.items():
+        vary[name], repeated = unique(values)
+        notes += [f"{name} {v:g} given more than once; swept once" if isinstance(v, float)
+                  else f"{name} {v} given more than once; swept once" for v in repeated]
+    return vary, notes
 
 
 def check_vary(base: TrainConfig, vary: dict) -> None:
@@ -170,12 +176,13 @@ def check_vary(base: TrainConfig, vary: dict) -> None:
 
 
 def count_points(vary: dict, seeds: Sequence[int]) -> int:
-    """How many points `vary` x `seeds` has, without building them."""
-    return math.prod(len(v) for v in vary.values()) * len(seeds)
+    """How many points `vary` x `seeds` has (each value once), without building them."""
+    return math.prod(len(unique(v)[0]) for v in vary.values()) * len(unique(seeds)[0])
 
 
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
-    """The cartesian product of `vary` and `seeds`, longest runs first (so short ones derive)."""
+    """The cartesian product of `vary` and `seeds`, each value once, longest runs first (so
+    short ones derive)."""
     check_vary(base, vary)
     n = count_points(vary, seeds)
     if n > MAX_POINTS:
@@ -183,12 +190,72 @@ def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[Tr
                          "vary fewer values")
     names = list(vary)
     points = []
-    for values in itertools.product(*(vary[n] for n in names), seeds):
+    for values in itertools.product(*(unique(vary[k])[0] for k in names), unique(seeds)[0]):
         chosen = dict(zip(names, values[:-1]))
         options = {k: chosen.pop(k) for k in list(chosen) if k in OPTIONS}
         points.append((base.replace(**chosen, seed=values[-1]), options))
     return sorted(points, key=lambda p: -p[0].num_epochs)
 
+
+def check_point(config: TrainConfig, options: dict) -> None:
+    """A ValueError or DeviceError, naming the point, if it cannot train here: more GPUs than
+    exist, DDP processes that do not split the batch, warmup with DDP."""
+    nprocs = options.get("nprocs", 0)
+    try:
+        if nprocs and options.get("warmup_epochs"):
+            raise ValueError("warmup with DDP processes is not implemented; vary one of them")
+        if nprocs:
+            local_batch_size(config.batch_size, nprocs)
+            if choose_backend() == "nccl" and nprocs > num_gpus():
+                raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine "
+                                  f"has {num_gpus()}")
+        else:
+            resolve_devices(config.devices)
+        check_width(config.width, config.batch_size, config.devices)   # before allocating
+    except (ValueError, DeviceError) as e:
+        raise type(e)(f"{describe_point(config, options)}: {e}") from None
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]:
+    """What `sweep(base, vary, seeds)` trains, as `runtime` jobs (the longest epochs only)."""
+    runs = len(unique(seeds)[0]) * math.prod(len(unique(v)[0]) for k, v in vary.items()
+                                             if k not in SHAPE and k != "num_epochs")
+    epochs = max(vary.get("num_epochs", [base.num_epochs]))
+    return [Job("sweep", runs, width, batch, epochs, train or FULL_TRAIN, test or FULL_TEST,
+                devices=devices or max(1, num_gpus()))
+            for batch, width, train, test, devices in itertools.product(
+                *(unique(vary.get(k, [getattr(base, k)]))[0] for k in SHAPE))]
+
+
+def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
+                    ) -> Optional[tuple[float, float, str]]:
+    """(low, high, on what) for what the sweep trains here, by `pages.predict_jobs`: on this
+    machine's first GPU, else on the recorded CPUs; an upper bound (stored points are skipped).
+    None without a datasheet or record, or with too many run shapes."""
+    shapes = math.prod(len(vary.get(k, [0])) for k in SHAPE)
+    if shapes > MAX_PREDICTED_JOBS:
+        return None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return predict_jobs(sweep_jobs(base, vary, seeds), gpu)
+
+
+def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
+              pred: Optional[tuple[float, float, str]] = None) -> str:
+    """One line: the points, how they multiply, and their predicted time (a prediction; pass
+    `predicted_sweep`'s if it is already at hand)."""
+    factors = " x ".join(f"{k} {len(unique(v)[0])}" for k, v in vary.items())
+    line = (f"plan: {plural(count_points(vary, seeds), 'point')} ({factors} x seeds "
+            f"{len(unique(seeds)[0])})")
+    pred = pred or predicted_sweep(base, vary, seeds)
+    if pred is None:
+        return line + "; no time prediction here"
+    low, high, on = pred
+    return line + f"; predicted {span(low, high)} on {on}, at most (stored points are skipped)"
+
+
+# ---- the sweep -------------------------------------------------------------------------------
 
 def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
                   nprocs: int = 0) -> TrainResult:
@@ -210,24 +277,38 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
     return train(config, progress=False)
 
 
+def _check_new(points, records: Sequence[TrainResult], store) -> None:
+    """Before anything trains: every point to train can train here, and the store can take
+    the new points (trained or derived). Nothing is checked, or written, if none is new."""
+    for config, options in points:
+        if _derive(records, config, options) is None:
+            check_point(config, options)
+    if points:
+        results.check_writable(store, store=True, kind="run")
+
+
 def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,
-          train_fn: Optional[Callable[..., TrainResult]] = None,
-          log: Optional[Callable[[str], None]] = None) -> list[Record]:
-    """Train every point of `vary` x `seeds` not yet in `store`; return the points' records.
+          recorded=None, train_fn: Optional[Callable[..., TrainResult]] = None,
+          log: Optional[Callable[[str], None]] = None) -> list[TrainResult]:
+    """Train every point of `vary` x `seeds` not yet stored; return the points' records.
 
     Args:
         base: the config every point starts from.
         vary: {field: [values]}; fields of TrainConfig, `warmup_epochs` or `nprocs`.
         seeds: one run per seed for every combination.
-        store: a JSON Lines file; read first, then one record appended per new point.
+        store: a JSON Lines file; read first, then one record appended per new point (it is
+            checked, created and written only if a point is new).
+        recorded: a store only read (a record shipped with the package): its points count as
+            stored.
         train_fn: `train_fn(config, **options) -> TrainResult` (default: `default_train`).
         log: called with one line per point (e.g. `print`).
     """
     train_fn = train_fn or default_train
     points = expand(base, vary, seeds)
-    results.check_writable(store, store=True)     # a bad path fails now, not after training
-    records = [r for r in load_store(store) if r.status != "failed"]
-    by_key = {r.key: r for r in records}
+    shipped = [r for r in (load_store(recorded) if recorded else []) if r.status != "failed"]
+    records = shipped + [r for r in load_store(store) if r.status != "failed"]
+    by_key = {key_of(r): r for r in records}
+    _check_new([p for p in points if point_key(*p) not in by_key], records, store)
     out = []
     for config, options in points:
         key = point_key(config, options)
@@ -235,7 +316,7 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
         action = "stored" if key in by_key else "derived" if rec else "trained"
         if rec is None:
             t0 = time.perf_counter()
-            rec = record_from_result(train_fn(config, **options), config, options)
+            rec = as_point(train_fn(config, **options), config, options)
             rec.extra.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if key not in by_key:
             results.append(store, rec.to_dict())
@@ -249,7 +330,8 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
     return out
 
 
-def _derive(records: Sequence[Record], config: TrainConfig, options: dict) -> Optional[Record]:
+def _derive(records: Sequence[TrainResult], config: TrainConfig, options: dict
+            ) -> Optional[TrainResult]:
     want = _longer_key(config.to_dict(), options)
     for r in records:
         if r.config["num_epochs"] > config.num_epochs and r.derived_from is None and \
@@ -261,7 +343,7 @@ def _derive(records: Sequence[Record], config: TrainConfig, options: dict) -> Op
 
 
 def describe_point(config: TrainConfig, options: dict) -> str:
-    text = (f"batch {config.batch_size}, lr {config.lr:g}, {config.num_epochs} epochs, "
+    text = (f"batch {config.batch_size}, lr {config.lr:g}, {plural(config.num_epochs, 'epoch')}, "
             f"seed {config.seed}")
     return text + "".join(f", {k} {v:g}" for k, v in options.items() if v)
 
