@@ -161,13 +161,13 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     if page == "ex1_hyperparameters":
         return _ex1_jobs(p, gpus)
     if page == "ex2_cpu_gpu_split":
-        return [Job("speeds, splits and pipelines", 1, p.width, p.batch_size, steps=120),
-                _run("heterogeneous training", p, epochs=1 if p.name == "smoke" else 2)]
+        return [Job("speeds, splits and pipelines", 1, p.width, p.batch_size, steps=100)]
     return []
 
 
 PAGES = ("01_network", "02_devices", "03_dataparallel", "04_summary", "05_ddp",
-         "06_performance", "ex1_hyperparameters", "ex2_cpu_gpu_split")
+         "06_performance", "07_accuracy_drop", "08_time_model", "09_verdicts",
+         "ex1_hyperparameters", "ex2_cpu_gpu_split")
 
 
 def ddp_process_counts(global_batch: int, gpus: int) -> list[int]:
