@@ -36,7 +36,8 @@ clean:
 	rm -rf _build
 
 # make gpu-check: measure this machine's GPU in stages under a time budget (tools/gpu_check.py):
-# facts, the fitted overheads (replicate, P2P, link, loader), the CUDA tests, a full run, bench,
+# facts, the fitted overheads (replicate, P2P, link, loader), the CUDA tests, a full run, the
+# accuracy-drop runs (lab/drop.py) at the chapter's scale, bench,
 # calibration, both exercises; one JSON line a stage (default runs/gpu_<device>.jsonl).
 # Options go in GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--budget-s 900" (a T4 needs it).
 .PHONY: gpu-check

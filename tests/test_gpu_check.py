@@ -20,10 +20,10 @@ from helpers import make_result, one_line
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "gpu_check.py"
-STAGES = ("facts", "overheads", "cuda_tests", "full_run", "bench", "calibration", "exercise2",
-          "exercise1")
+STAGES = ("facts", "overheads", "cuda_tests", "full_run", "accuracy_drop", "bench",
+          "calibration", "exercise2", "exercise1")
 KEYS = {"schema", "mgpu_lib", "config", "stage", "status", "seconds", "device", "hardware", "torch", "profile", "figures"}
-STAGE_LINE = re.compile(r"^\[(\d)/8\] (\w+): (ok|failed|skipped) in [\d.]+ s")
+STAGE_LINE = re.compile(rf"^\[(\d)/{len(STAGES)}\] (\w+): (ok|failed|skipped) in [\d.]+ s")
 # What the GPU machine lacks: importing the script must not need any of them.
 BLOCK = """
 import sys
@@ -136,7 +136,7 @@ def test_dry_run_plans_within_the_budget_and_needs_no_optional_package(tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         total = float(re.search(r"predicted total: ([\d.]+) s of 270 s", proc.stdout).group(1))
         assert 0 < total <= 270
-        assert len(re.findall(r"^plan \[\d/8\]", proc.stdout, re.M)) == len(STAGES)
+        assert len(re.findall(rf"^plan \[\d/{len(STAGES)}\]", proc.stdout, re.M)) == len(STAGES)
     assert "full_run: " in proc.stdout and "no CUDA" not in proc.stdout   # the H200 plan
     assert not out.exists()
 
@@ -219,4 +219,4 @@ def test_a_store_that_is_not_one_of_its_kind_is_refused_before_any_stage(tmp_pat
                                               for s in tool.STAGES))
     assert tool.main(["--profile", "smoke", "--only", "facts", "--out", str(out)]) == 2
     out_, err = capsys.readouterr()
-    assert one_line(err).startswith("gpu_check: error:") and "[1/8]" not in out_
+    assert one_line(err).startswith("gpu_check: error:") and f"[1/{len(STAGES)}]" not in out_

@@ -8,7 +8,8 @@
 Stages, in order of value: facts, the overheads the step-time model fits to published runs
 (DataParallel's replicate per step, P2P between each pair of GPUs, their link, the chapter's
 loader alone), the CUDA unit tests (tests/test_cuda.py), one run at the profile's settings (the
-chapter's under `full`), bench, calibration, exercise 2 (CPU+GPU split) and exercise 1 (sweeps,
+chapter's under `full`), the accuracy-drop runs of `mgpu_lib.lab.drop` at that scale, bench,
+calibration, exercise 2 (CPU+GPU split) and exercise 1 (sweeps,
 while time is left). Each stage first predicts its own time (the library's run-time predictor,
 `mgpu_lib.perf.runtime`, the one the pages use, then what earlier stages measured) and skips itself
 when that would not fit in what is left of `--budget-s`, counted from the process's start. Each
@@ -50,6 +51,7 @@ from mgpu_lib.lab.diagnose import chapter_loader_images_per_s, topology
 from mgpu_lib.perf.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
                                published_fit)
 from mgpu_lib.hetero import HeteroDataParallel, default_setup, measure_throughput
+from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
@@ -373,7 +375,43 @@ def run_full(check: Check) -> tuple:
     return f, line
 
 
-# ---- stage 5: bench ---------------------------------------------------------------------------
+# ---- stage 5: why d2l's 2-GPU run loses accuracy, at the chapter's scale ----------------------
+
+DROP_SEEDS = (0, 1, 2)
+DROP_RUNS = len(CONDITIONS + EXTRA)       # the chapter's loop, each a full run at B or 2B
+
+
+def predict_drop_seed(check: Check) -> float:
+    """One seed's runs of `lab.drop`: the chapter's loop (its loader is the fast loop's here:
+    device-resident batches copied each step), at the profile's epochs and images."""
+    return DROP_RUNS * (predict_fast_run(check) - SETUP_S) + DROP_RUNS * SETUP_S
+
+
+def run_drop(check: Check) -> tuple:
+    """`mgpu_lib.lab.drop` at the profile's scale (the chapter's under `full`), as many seeds
+    as fit; runs at 2B use every GPU (up to 2), as the chapter's second call does. The page
+    "Why d2l's two-GPU run loses accuracy" reads the CPU record; this is the full-scale one."""
+    p = check.profile
+    out = check.out.parent / f"drop_{check.slug}.jsonl"
+    gpus = [torch.device(f"cuda:{i}") for i in range(min(2, torch.cuda.device_count()))]
+    done = []
+    for seed in DROP_SEEDS:
+        if done and predict_drop_seed(check) > check.left():
+            break
+        for rec in run_seed(seed, width=p.width, batch_size=p.batch_size, lr=p.lr,
+                            num_epochs=p.num_epochs, train_limit=p.train_limit,
+                            test_limit=p.test_limit, conditions=CONDITIONS + EXTRA,
+                            devices=gpus or None):
+            results.append(out, rec)
+            done.append(rec)
+    last = {c: [r["test_acc"][-1] for r in done if r["condition"] == c]
+            for c in CONDITIONS + EXTRA}
+    f = dict(store=str(out), seeds=len(done) // DROP_RUNS, last_epoch=last)
+    return f, f"{f['seeds']} seed(s); last-epoch test acc " + ", ".join(
+        f"{c} {sum(v) / len(v):.3f}" for c, v in last.items() if v)
+
+
+# ---- stage 6: bench ---------------------------------------------------------------------------
 
 def predict_bench_calls(check: Check) -> float:
     """bench twice (fp32, bf16): two loops each, 2 warm-up + 5 x 3 timed steps."""
@@ -466,7 +504,7 @@ def run_bench(check: Check) -> tuple:
     return f, "; ".join(parts)
 
 
-# ---- stage 6: calibration -------------------------------------------------------------------
+# ---- stage 7: calibration -------------------------------------------------------------------
 
 def calibration_batches(check: Check) -> list:
     """8 to 1024 on a GPU; 8 to 32 for the tiny CPU version under smoke (seconds)."""
@@ -502,7 +540,7 @@ def run_calibration(check: Check) -> tuple:
              leave_one_out_max_error=max(abs(r["error"]) for r in leave_one_out(
                  [(r["batch"], r["step_s"]) for r in rows])) if len(rows) > 2 else None)
     if check.cuda:
-        check.speed.cal = cal             # stages 7 and 8 predict from the measured line
+        check.speed.cal = cal             # stages 8 and 9 predict from the measured line
     b_half, b_line = (f"{b:.0f}" if b else f"< {rows[0]['batch']}"
                       for b in (f["half_speed_batch"], f["half_speed_batch_model"]))
     mfu = f"{f['mfu']:.0%} of {peak:g} TFLOP/s peak" if peak else "peak unknown"
@@ -511,7 +549,7 @@ def run_calibration(check: Check) -> tuple:
                f"{b_line} from the line")
 
 
-# ---- stage 7: exercise 2 --------------------------------------------------------------------
+# ---- stage 8: exercise 2 --------------------------------------------------------------------
 
 def cpu_rate_guess(check: Check) -> float:
     """Images/s the host CPU trains at, before measuring: the slowest recorded CPU's, scaled to
@@ -558,7 +596,7 @@ def run_exercise2(check: Check) -> tuple:
                f"({f['measured_speedup']:.2f}x vs the GPU alone)")
 
 
-# ---- stage 8: exercise 1 --------------------------------------------------------------------
+# ---- stage 9: exercise 1 --------------------------------------------------------------------
 
 def sweep_points(profile: Profile) -> list:
     """(batch, lr): the batch sweep at the profile's lr, then the lr sweep at its batch; under
@@ -641,6 +679,7 @@ STAGES = (
     Stage("overheads", lambda c, left: OVERHEADS_S, run_overheads),
     Stage("cuda_tests", lambda c, left: TESTS_S, run_cuda_tests),
     Stage("full_run", lambda c, left: predict_fast_run(c) + predict_chapter_run(c), run_full),
+    Stage("accuracy_drop", lambda c, left: predict_drop_seed(c), run_drop),
     Stage("bench", predict_bench, run_bench),
     Stage("calibration", predict_calibration, run_calibration, "cuda or smoke"),
     Stage("exercise2", predict_exercise2, run_exercise2),

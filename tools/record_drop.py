@@ -14,7 +14,7 @@ import sys
 from mgpu_lib.book.cli import Parser, argtype
 from mgpu_lib.book.store import append, check_writable, read
 from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
-from mgpu_lib.lab.drop import CONDITIONS, run_seed
+from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
 
 
 def seeds(text: str) -> list[int]:
@@ -36,16 +36,23 @@ def main(argv=None) -> int:
     p.add_argument("--train-limit", type=argtype(COUNT), default=10000, help="0: all 60,000")
     p.add_argument("--test-limit", type=argtype(COUNT), default=2000, help="0: all 10,000")
     p.add_argument("--out", default="runs/drop_cpu.jsonl")
+    p.add_argument("--conditions", default=",".join(CONDITIONS),
+                   help=f"which runs, from {', '.join(CONDITIONS + EXTRA)}")
     args = p.parse_args(argv)
+    conditions = args.conditions.split(",")
+    unknown = set(conditions) - set(CONDITIONS + EXTRA)
+    if unknown:
+        p.error(f"unknown condition(s) {', '.join(sorted(unknown))}")
     out = check_writable(args.out, store=True)
-    done = {r["config"]["seed"] for r in read(out) if r.get("condition") == CONDITIONS[-1]}
     for seed in args.seeds:
-        if seed in done:
+        done = {r.get("condition") for r in read(out) if r["config"]["seed"] == seed}
+        todo = [c for c in conditions if c not in done]
+        if not todo:
             print(f"seed {seed}: stored already", flush=True)
             continue
         records = run_seed(seed, width=args.width, batch_size=args.batch_size, lr=args.lr,
                            num_epochs=args.epochs, train_limit=args.train_limit or None,
-                           test_limit=args.test_limit or None,
+                           test_limit=args.test_limit or None, conditions=todo,
                            log=lambda line: print(line, flush=True))
         for rec in records:
             append(out, rec)

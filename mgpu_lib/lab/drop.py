@@ -13,7 +13,10 @@ per seed, all with the chapter's own code (`chapter.train`), tell the candidate 
 - `fresh`: 2B and 2 lr on a fresh network reset as MXNet's `force_reinit` leaves it: every
   conv and linear weight N(0, 0.01) (the chapter's init, reaching all 21 layers), biases 0,
   BatchNorm at its defaults;
-- `fresh_small`: the same fresh start at B and lr.
+- `fresh_small`: the same fresh start at B and lr;
+- `first_large`: the chapter's first call (its init reaching 2 of 21 layers, the rest at
+  PyTorch's default init) at 2B and 2 lr: against `fresh`, the scale of the initial weights at
+  the doubled learning rate.
 
 `reused` against `fresh` is the carried-over state; `fresh` against `fresh_small` is doubling
 the batch and the learning rate (half as many steps); `first` against `fresh_small` is the lazy
@@ -29,9 +32,11 @@ from torch import nn
 
 from ..chapter import lazy_resnet18, train
 from ..data import load_fashion_mnist
+from ..devices import describe_devices
 from ..training import record_header
 
 CONDITIONS = ("first", "reused", "fresh", "fresh_small")
+EXTRA = ("first_large",)
 
 
 def reset_like_mxnet(net: nn.Module) -> nn.Module:
@@ -48,8 +53,11 @@ def reset_like_mxnet(net: nn.Module) -> nn.Module:
 
 def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: int,
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
+             conditions=CONDITIONS, devices=None,
              log: Optional[Callable[[str], None]] = None) -> list[dict]:
-    """The four runs of one seed (CONDITIONS), each a record with its per-epoch test accuracy.
+    """The runs of one seed (`conditions`: CONDITIONS and EXTRA), each a record with its
+    per-epoch test accuracy. `devices` (default: the CPU): the runs at B use the first, those
+    at 2B all of them, as the chapter's two calls do.
 
     Args:
         seed: seeds the weights and the data order (the same images, in the same order, for
@@ -57,7 +65,7 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
         width: the ResNet's width (64: the chapter's); batch_size, lr: the first run's (the
             second runs use twice both, as the chapter's 2-GPU call does).
     """
-    device = [torch.device("cpu")]
+    devices = list(devices or [torch.device("cpu")])
     data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
                                   test_limit=test_limit, seed=seed)
             for b in (batch_size, 2 * batch_size)}
@@ -66,21 +74,28 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
 
     def one(condition: str, net: nn.Module, scale: int) -> dict:
         train_iter, test_iter = data[scale * batch_size]
-        out = train(net, device, train_iter, test_iter, scale * lr, num_epochs)
+        used = devices[:1] if scale == 1 else devices
+        out = train(net, used, train_iter, test_iter, scale * lr, num_epochs)
         config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
-        rec = {**record_header(hardware="cpu", profile=None, config=config),
+        rec = {**record_header(hardware=describe_devices(used), profile=None, config=config),
                "condition": condition, "data_source": train_iter.source, **out}
         if log is not None:
             log(f"seed {seed}, {condition}: test acc " +
                 " ".join(f"{a:.3f}" for a in out["test_acc"]))
         return rec
 
-    torch.manual_seed(seed)
-    net = lazy_resnet18(width=width)
-    records = [one("first", net, 1), one("reused", net, 2)]
-    for condition, scale in (("fresh", 2), ("fresh_small", 1)):
+    records = []
+    if {"first", "reused"} & set(conditions):
         torch.manual_seed(seed)
-        records.append(one(condition, reset_like_mxnet(lazy_resnet18(width=width)), scale))
+        net = lazy_resnet18(width=width)
+        records = [one("first", net, 1), one("reused", net, 2)]
+    for condition, scale in (("fresh", 2), ("fresh_small", 1)):
+        if condition in conditions:
+            torch.manual_seed(seed)
+            records.append(one(condition, reset_like_mxnet(lazy_resnet18(width=width)), scale))
+    if "first_large" in conditions:
+        torch.manual_seed(seed)
+        records.append(one("first_large", lazy_resnet18(width=width), 2))
     return records
 
 
