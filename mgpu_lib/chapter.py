@@ -5,7 +5,7 @@ time it against.
   layers that its `type(m) in [nn.Linear, nn.Conv2d]` init skips;
 - `chapter_loader`: its input pipeline (`load_data_fashion_mnist`), a `DataLoader` with 4
   worker processes that turns every image into a PIL image and back through `ToTensor`;
-- `train`, `chapter_step` and `evaluate_accuracy_gpu`: its training loop, line by line.
+- `train`, `chapter_step` and `evaluate_accuracy_gpu`: its training loop, refactored.
 This book's own versions (`model.resnet18`, `data.load_fashion_mnist`, `training.train`) fix what
 goes wrong here. `load_fashion_mnist_chapter` is the same pipeline with the image order and the
 dropped last batch of `data.DeviceLoader`, so the two loops can be compared seed by seed.
@@ -22,7 +22,6 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from .data import load_subsets
-from .model import block_shapes, count_layers, init_weights, num_params, resnet18
 
 
 def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
@@ -74,55 +73,17 @@ def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
     return reached
 
 
-def model_differences(width: int = 64) -> list[tuple[str, str, str]]:
-    """The chapter's network (`lazy_resnet18`) beside this book's (`model.resnet18`), measured
-    on fresh networks of `width`: (what, the chapter's, this book's) rows."""
-    def kinds(net):
-        names = [type(m).__name__ for m in net.modules()]
-        found = {k: names.count(k) for k in sorted(set(names))
-                 if any(part in k for part in ("Conv", "BatchNorm", "Linear"))}
-        return ", ".join(f"{n} {k}" for k, n in found.items())
-
-    def changed_by(init, net):
-        layers = [m for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))
-                  and not isinstance(m.weight, nn.parameter.UninitializedParameter)]
-        before = [m.weight.detach().clone() for m in layers]
-        init(net)
-        return sum(not torch.equal(b, m.weight) for b, m in zip(before, layers))
-
-    torch.manual_seed(0)
-    lazy, eager = lazy_resnet18(width=width), resnet18(width=width)
-    rows = [("layers", kinds(lazy), kinds(eager))]
-    try:
-        before = f"{num_params(lazy):,}"
-    except ValueError:
-        before = "unknown (ValueError)"
-    rows.append(("parameters before any data", before, f"{num_params(eager):,}"))
-    rows.append(("conv/linear layers the init changes",
-                 f"{changed_by(chapter_init_weights, lazy)} of {count_layers(lazy)}",
-                 f"{changed_by(init_weights, eager)} of {count_layers(eager)}"))
-    with torch.no_grad():
-        lazy.eval()(torch.zeros(2, 1, 28, 28))
-    rows.append(("parameters after one batch", f"{num_params(lazy):,}",
-                 f"{num_params(eager):,}"))
-    same = ([n for n, _ in lazy.named_children()] == [n for n, _ in eager.named_children()]
-            and block_shapes(lazy) == block_shapes(eager))
-    rows.append(("module names, output shapes", "as this book's" if same else "different",
-                 "as the chapter's" if same else "different"))
-    return rows
-
-
 class PILImages(Dataset):
     """uint8 images served the way torchvision's `FashionMNIST` serves them.
 
-    Each item becomes a PIL image and then goes through `ToTensor`: real per-sample work in the
-    loader's worker processes, which is what the chapter's pipeline pays for every image.
+    Each item becomes a PIL image and then goes through `transform` (default `ToTensor`): real
+    per-sample work in the loader's worker processes, which the chapter pays for every image.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
         from torchvision import transforms
         self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
-        self.transform = transforms.ToTensor()
+        self.transform = transform or transforms.ToTensor()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -139,10 +100,6 @@ class ChapterLoader(DataLoader):
     def __init__(self, *args, source: str = "unknown", **kwargs):
         super().__init__(*args, **kwargs)
         self.source = source
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.dataset)
 
 
 class PermutationSampler(torch.utils.data.Sampler):
@@ -168,13 +125,17 @@ def chapter_workers(requested: Optional[int] = None) -> int:
 
     D2L's `get_dataloader_workers()` returns 4. On a machine with fewer cores the extra workers
     only compete with the training threads for the same cores, so the default is capped there.
+    A request above 4 a core (64 at most) is refused: each worker is a process with a copy of
+    the data, and a million of them once forked at 40 a second until memory ran out.
     """
-    if requested is not None:
-        if requested < 0:
-            raise ValueError(f"num_workers must be 0 or more, got {requested}")
-        return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(4, cores or 1)
+    cores = cores or 1
+    if requested is None:
+        return min(4, cores)
+    if not 0 <= requested <= min(4 * cores, 64):
+        raise ValueError(f"DataLoader workers must be 0 to {min(4 * cores, 64)} here ({cores} "
+                         f"usable cores: 4 a core, 64 at most), got {requested}")
+    return requested
 
 
 def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
@@ -221,9 +182,9 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
 
 def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
           num_epochs: int = 10) -> dict:
-    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, line by line, with the data
-    and the devices passed in. Returns the test accuracy and seconds of every epoch
-    (timed like `d2l.Timer`: no synchronize)."""
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the
+    step factored out), the data and the devices passed in. Returns the test accuracy and
+    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)
@@ -249,8 +210,9 @@ def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "aut
 
     `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
     """
+    workers = chapter_workers(num_workers)      # refused before the data is read
     xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
                                               test_limit)
-    kw = dict(seed=seed, num_workers=num_workers, source=origin)
+    kw = dict(seed=seed, num_workers=workers, source=origin)
     return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
             chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

@@ -193,11 +193,6 @@ def _big(n: int) -> str:
     return f"{n:,}" if n < 10 ** 15 else f"10^{int(n.bit_length() * 0.30103)}"
 
 
-def count_layers(net: nn.Module) -> int:
-    """Conv and linear layers (lazy or not) in `net`."""
-    return sum(isinstance(m, (nn.Conv2d, nn.Linear)) for m in net.modules())
-
-
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
     """True when two models hold identical parameters and buffers."""
     sa, sb = a.state_dict(), b.state_dict()
