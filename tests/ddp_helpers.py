@@ -1,13 +1,17 @@
 """Shared by the DDP tests: a tiny job's config, finding a worker process by its rank (psutil,
-on any platform), error files written as torch writes them, and a worker made to raise."""
+on any platform), failure records made as torch's agent makes them, and a worker made to raise."""
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
 
 from mgpu_lib.book.profiles import get_profile
+from mgpu_lib.lab import launcher
 from mgpu_lib.training import TrainConfig
 
 # On PYTHONPATH, this folder's sitecustomize makes a DDP worker raise MGPU_TEST_RAISE.
@@ -70,6 +74,15 @@ def write_error_file(log_dir: Path, rank: int, error: BaseException, monkeypatch
     return path
 
 
+def failed(log_dir: Path, rank: int, monkeypatch, error: BaseException = None,
+           exitcode: int = 1, pid: int = 0) -> dict:
+    """Rank `rank`'s failure as the launcher's agent records it: torch's `ProcessFailure`, read
+    from the error file `error` was recorded in, or (no `error`) from the exit code alone."""
+    path = write_error_file(log_dir, rank, error, monkeypatch) if error else log_dir / "none"
+    return launcher.failure_record(rank, ProcessFailure(rank, pid or 100 + rank, exitcode,
+                                                        str(path)))
+
+
 def wait_for(condition, timeout_s: float) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -77,3 +90,39 @@ def wait_for(condition, timeout_s: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def ranks_below(pid: int) -> list:
+    """The DDP ranks (processes with a RANK) below `pid`."""
+    found = []
+    for p in launcher.tree(pid):
+        try:
+            if "RANK" in p.environ():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def signal_job(argv: list, tmp_path: Path, sig: int, nranks: int = 2) -> tuple:
+    """Run `python -m mgpu_lib ARGV` with TMPDIR=`tmp_path`, and send it `sig` once its ranks
+    run: (its exit code, its stderr, every process it had started by then)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_lib", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if not wait_for(lambda: len(ranks_below(proc.pid)) == nranks, 180):
+            proc.kill()
+            pytest.fail(f"no job started: {proc.communicate()[1][-2000:]}")
+        started = launcher.tree(proc.pid)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err, started
+
+
+def gone(procs: list, timeout_s: float = 30) -> bool:
+    """Whether every one of `procs` has exited within `timeout_s`."""
+    return wait_for(lambda: not any(alive(p.pid) for p in procs), timeout_s)

@@ -22,7 +22,7 @@ from mgpu_lib.perf import scaling
 from mgpu_lib.book.cli import main
 from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
 
-from ddp_helpers import rank_pid, source, tiny, write_error_file
+from ddp_helpers import failed, rank_pid, source, tiny
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,40 +164,45 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert rank_pid(0) == 0 and rank_pid(1) == 0       # nothing left behind
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
+    torn = ckpt / f".{ddp.CKPT_NAME}.k1ll3d"    # what a kill during rank 0's save leaves
+    torn.write_bytes(b"half a checkpoint")
 
     result = launcher.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)
+    assert not torn.exists()                    # before: kept after a successful resume
     assert result.extra["resumed_from_epoch"] == saved
     assert len(result.train_loss) == len(result.test_acc) == len(result.epoch_seconds) == 3
     assert result.status == "ok"
 
 
-def test_failure_names_the_rank_from_its_error_file_or_its_signal(tmp_path, monkeypatch):
-    """torchrun's per-rank error files name the rank and its exception; a rank a signal ended
-    writes none, so torchrun's "Signal 9 (SIGKILL) received by PID" line and the pid name it."""
-    killed = launcher.Ended(1, ["  traceback : Signal 15 (SIGTERM) received by PID 11",
-                                 "  traceback : Signal 9 (SIGKILL) received by PID 12"],
-                             ranks={11: 0, 12: 1})
-    assert str(launcher.failure(killed)) == \
-        "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 12"
-    write_error_file(tmp_path, 0, RuntimeError("[/x/pair.cc:589] Connection closed by peer: "
-                                               "timed out"), monkeypatch)
-    write_error_file(tmp_path, 1, ZeroDivisionError("division by zero"), monkeypatch)
-    crashed = launcher.Ended(1, ["[rank0]: RuntimeError: noise"] + ["busy"] * 100,
-                              log_dir=str(tmp_path))
-    error = launcher.failure(crashed)     # rank 0 only waited for rank 1: its timeout is second
-    assert type(error) is launcher.LaunchError
+def test_failure_names_the_rank_from_torchs_failure_records(tmp_path, monkeypatch):
+    """torch's agent describes each failed rank (`ProcessFailure`): the exception its `@record`
+    wrote, or the signal that ended it. The one line names a rank's own error before the
+    timeouts, lost peers and stops it caused in the others."""
+    killed = [failed(tmp_path, 0, monkeypatch, exitcode=-15),     # stopped by the agent
+              failed(tmp_path, 1, monkeypatch, exitcode=-9)]
+    assert str(launcher.failure(killed, launcher.Ended(1))) == \
+        "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 101"
+    waited = failed(tmp_path, 0, monkeypatch, RuntimeError(
+        "[/x/pair.cc:589] Connection closed by peer: timed out"))
+    crashed = [waited, failed(tmp_path, 1, monkeypatch, ZeroDivisionError("division by zero"))]
+    error = launcher.failure(crashed, launcher.Ended(1, ["busy"] * 60))
+    assert type(error) is launcher.LaunchError    # rank 0 only waited for rank 1: second
     assert str(error) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    ours = launcher.Ended(1, killed.lines, ranks={12: 1}, stopped={12}, log_dir=str(tmp_path))
-    assert str(launcher.failure(ours)) == str(error)     # a kill of ours is not the cause
-    told = tmp_path / "told"
-    write_error_file(told, 0, ddp.RankInputError("batch size 30 does not split evenly"),
-                     monkeypatch)
-    error = launcher.failure(launcher.Ended(1, [], log_dir=str(told)))
+    ours = [waited, failed(tmp_path, 1, monkeypatch, exitcode=-9, pid=12)]
+    assert str(launcher.failure(ours, launcher.Ended(1, stopped={12}))).startswith(
+        "DDP rank 0 failed: RuntimeError: Connection closed by peer: timed out (a collective "
+        "timed out")                           # a kill of ours, after rank 0 failed, is not the cause
+    told = [failed(tmp_path / "told", 0, monkeypatch,
+                   ddp.RankInputError("batch size 30 does not split evenly"))]
+    error = launcher.failure(told, launcher.Ended(1))
     assert type(error) is ddp.RankInputError
     assert str(error) == "DDP rank 0 failed: batch size 30 does not split evenly"
-    nothing = launcher.Ended(1, ["torchrun: error: bad flag", ""], log_dir=str(tmp_path / "no"))
-    assert str(launcher.failure(nothing)) == \
-        "DDP job failed (torchrun exit code 1): torchrun: error: bad flag"
+    silent = [failed(tmp_path, 1, monkeypatch, exitcode=2)]      # exited without an error file
+    assert str(launcher.failure(silent, launcher.Ended(1, ["worker rank 1: error: no disk"]))) \
+        == "DDP rank 1 failed: exit code 2; last output: worker rank 1: error: no disk"
+    nothing = launcher.Ended(1, ["ValueError: bad agent", ""])    # the agent itself failed
+    assert str(launcher.failure([], nothing)) == \
+        "DDP job failed (exit code 1): ValueError: bad agent"
 
 
 # ---- checkpoints ------------------------------------------------------------------------------

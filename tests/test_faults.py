@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -18,11 +19,12 @@ from mgpu_lib.book.store import load_result
 from mgpu_lib import ddp
 from mgpu_lib.lab import launcher
 from mgpu_lib.book import sweep
+from mgpu_lib.book import cli
 from mgpu_lib.book.cli import main
 from mgpu_lib.training import TrainConfig, TrainResult, make_model
 
-from ddp_helpers import (HOOKS, alive, rank_pid, source, tiny, wait_for, workers,
-                         write_error_file)
+from ddp_helpers import (HOOKS, alive, failed, gone, rank_pid, signal_job, source, tiny,
+                         wait_for)
 
 
 # The CLI flags that make `tiny()` (its checkpoint keys match, so --resume finds its checkpoint).
@@ -109,7 +111,7 @@ def test_sweep_stores_a_failed_ddp_point_and_goes_on(tmp_path, monkeypatch):
 def test_unwritable_checkpoint_fails_before_training(tmp_path, capsys, no_job, under):
     """Before: an unwritable --checkpoint started the job and failed in rank 0 after an epoch."""
     blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
+    blocker.write_text("not a folder", encoding="utf-8")
     ckpt = blocker / "ckpt" if under else blocker
     assert main(ddp_train("--checkpoint", str(ckpt))) == 2
     err = capsys.readouterr().err
@@ -127,10 +129,11 @@ DOTTED_NAMES = ["torch.OutOfMemoryError", "torch.distributed.DistNetworkError",
 @pytest.mark.parametrize("error,name", list(zip(DOTTED, DOTTED_NAMES)), ids=DOTTED_NAMES)
 def test_a_dotted_exception_is_named_with_its_rank(tmp_path, monkeypatch, error, name):
     """Before: "DDP rank 0 failed: exit code 1" (the pattern missed dotted names). Now the
-    rank's torchelastic error file names the exception, however long the output after it."""
-    write_error_file(tmp_path, 1, error, monkeypatch)
-    ended = launcher.Ended(1, [f"[rank0]: busy {i}" for i in range(100)], log_dir=str(tmp_path))
-    assert str(launcher.failure(ended)) == f"DDP rank 1 failed: {name}: {error}"
+    rank's failure record (torch's, from its error file) names the exception, however long the
+    output after it."""
+    ended = launcher.Ended(1, [f"[rank0]: busy {i}" for i in range(100)])
+    assert str(launcher.failure([failed(tmp_path, 1, monkeypatch, error)], ended)) == \
+        f"DDP rank 1 failed: {name}: {error}"
 
 
 @pytest.mark.slow
@@ -298,40 +301,94 @@ def test_a_checkpoint_cause_is_cut_at_a_word(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_ddp_job_like_ctrl_c(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT],
+                         ids=["SIGTERM", "SIGKILL", "SIGINT"])
+def test_a_signal_stops_a_ddp_job_and_leaves_nothing(tmp_path, sig):
     """Before: SIGTERM to `train --strategy ddp` exited 143 with no message and left
-    /tmp/mgpu-ddp-*/config.json behind."""
-    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "mgpu_lib", *ddp_train("--epochs", "50")]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        ranks = []
-
-        def two_ranks():
-            ranks[:] = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                        if p in workers()]
-            return len(ranks) == 2
-        if not (wait_for(two_ranks, 180) and list(tmp_path.glob("mgpu-ddp-*"))):
-            proc.kill()
-            pytest.fail(f"no job started: {proc.communicate()[1][-2000:]}")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
-    assert _one_line(err) and "SIGTERM" in err, err
-    assert not list(tmp_path.glob("mgpu-ddp-*"))
-    assert not any(alive(p.pid) for p in ranks)
+    /tmp/mgpu-ddp-*/config.json behind; SIGKILL (issue 33) left the folder too. Now SIGTERM is
+    said in one line, and either way every process and the folder go (after SIGKILL the agent,
+    which outlives its parent by a moment, stops the ranks and removes the folder)."""
+    code, err, started = signal_job(ddp_train("--epochs", "50"), tmp_path, sig)
+    assert gone(started, 15), [p.pid for p in started if alive(p.pid)]
+    assert wait_for(lambda: not list(tmp_path.glob("mgpu-ddp-*")), 30)
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+    else:                                   # Ctrl-C, and SIGTERM like it
+        assert code == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], err
+        words = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "interrupted (Ctrl-C)"}[sig]
+        assert _one_line(err) and words in err, err
 
 
-def test_an_error_file_with_a_null_timestamp_is_still_read(tmp_path):
-    """A torchelastic error file whose timestamp is null (or not a number) still names the
-    rank's exception; before, int(None) raised a TypeError out of the supervisor."""
-    import json
-    path = tmp_path / "error.json"
-    path.write_text(json.dumps({"message": {"message": "ValueError: bad batch",
-                                            "extraInfo": {"timestamp": None}}}))
-    err = launcher.read_error_file(path, 1)
-    assert (err.rank, err.name, err.text, err.timestamp) == (1, "ValueError", "bad batch", 0)
+# ---- issue 33: bounds, messages, leftovers --------------------------------------------------
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--strategy", "ddp", "--nprocs", "100", "--batch-size", "200", *TINY_FLAGS],
+     "100 gloo processes are more than this machine's 2 CPU cores; use at most 2"),
+    (["trace", "--nprocs", "4", "--profile", "smoke"],
+     "4 gloo processes are more than this machine's 2 CPU cores; use at most 2")],
+    ids=["train", "trace"])
+def test_more_processes_than_cores_are_refused_before_any_start(monkeypatch, capsys, no_job,
+                                                                tmp_path, argv, words):
+    """Before: `train --strategy ddp --nprocs 100` on 2 cores started 100 torch processes
+    (9.4 GB after 9 s)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    argv = argv + (["--out", str(tmp_path / "t")] if argv[0] == "trace" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert _one_line(err) and words in err, err
+
+
+def test_more_processes_than_memory_are_refused(monkeypatch, no_job):
+    """Each rank holds torch, the model and its data: RANK_BYTES each, against what is free."""
+    monkeypatch.setattr(launcher.psutil, "virtual_memory",
+                        lambda: types.SimpleNamespace(available=2**29))
+    with pytest.raises(launcher.DeviceError, match="2 DDP processes need about 2.0 GB of "
+                                                    "memory; 0.5 GB is available"):
+        launcher.launch(tiny(), 2)
+
+
+@pytest.mark.parametrize("command", ["train", "trace"])
+def test_ctrl_c_says_what_happened(monkeypatch, capsys, tmp_path, command):
+    """Before: Ctrl-C printed "python -m mgpu_lib train: " and nothing after it."""
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "train", interrupted)
+    monkeypatch.setattr(cli, "trace_ddp", interrupted)
+    argv = [command, "--profile", "smoke"] + (["--out", str(tmp_path)] if command == "trace"
+                                              else [])
+    assert main(argv) == 130
+    assert capsys.readouterr().err == (f"python -m mgpu_lib {command}: interrupted (Ctrl-C); "
+                                       "stopped, no result written for the run in progress\n")
+
+
+def test_a_new_run_removes_what_a_killed_save_left(tmp_path):
+    """Before: a kill while rank 0 wrote last.pt left a 34-45 MB `.last.pt.XXXX` beside it for
+    good. Rank 0 now removes such files before it trains (`_run`); a resume shows it end to end
+    (test_ddp.py)."""
+    path = _checkpoint(tmp_path, tiny(), 1)
+    torn = tmp_path / f".{ddp.CKPT_NAME}.x8k2"
+    torn.write_bytes(b"half a checkpoint")
+    ddp.remove_partial_checkpoints(tmp_path)
+    assert not torn.exists() and path.exists()
+    ddp.remove_partial_checkpoints(tmp_path / "not yet made")        # nothing to do
+
+
+def test_a_worker_run_by_hand_says_what_is_missing_in_one_line(monkeypatch, capsys, tmp_path):
+    """Before: `python -m mgpu_lib worker` with RANK but no WORLD_SIZE, or with a --config that
+    is missing or holds other keys, ended in a traceback."""
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    assert main(["worker", "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line(err) and "no WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in err, err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    (tmp_path / "keys.json").write_text('{"nope": 1}', encoding="utf-8")
+    (tmp_path / "text.json").write_text("not json", encoding="utf-8")
+    for config in ("missing.json", "keys.json", "text.json"):
+        path = tmp_path / config
+        assert main(["worker", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert _one_line(err) and f"--config {path}: not a TrainConfig JSON file" in err, err

@@ -19,7 +19,7 @@ from mgpu_lib import config as switches, ddp, devices
 from mgpu_lib.lab import launcher
 from mgpu_lib.book.pages import setup_page
 
-from ddp_helpers import alive, tiny, wait_for
+from ddp_helpers import alive, gone, ranks_below, tiny, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,15 +88,16 @@ def test_every_module_imports_and_a_page_sets_up_and_trains_without_linux():
 
 
 class _Windows:
-    """The `os` module as supervise would see it on Windows."""
+    """The `os` module as the launcher would see it on Windows."""
     name = "nt"
 
     def __getattr__(self, attr):
         return getattr(os, attr)
 
 
-def test_torchrun_starts_without_preexec_fn_on_windows(monkeypatch):
-    """Before: Popen(..., preexec_fn=...) raised ValueError on Windows before torchrun ran."""
+def test_the_agent_starts_without_preexec_fn_on_windows(monkeypatch):
+    """Before: Popen(..., preexec_fn=...) raised ValueError on Windows before torchrun ran.
+    Now no platform needs one: the agent watches its parent itself."""
     real = subprocess.Popen
     seen = {}
 
@@ -118,13 +119,13 @@ def test_torchrun_starts_without_preexec_fn_on_windows(monkeypatch):
 
 @pytest.mark.slow
 def test_a_stopped_ddp_job_leaves_nothing_behind_without_proc(tmp_path):
-    """Windows' `terminate` ends torchrun at once (TerminateProcess), so torchrun cannot stop
-    its workers; and there is no /proc to find them. A healthy worker then dies with torchrun's
-    store, but a hung one does not: psutil's tree must find and kill it.
+    """Windows' `terminate` ends the agent at once (TerminateProcess), so it cannot stop its
+    ranks; and there is no /proc to find them. A healthy rank then dies with the agent's store,
+    but a hung one does not: psutil's tree must find and kill it.
     Before: the workers were found under /proc only, and the hung one was left behind."""
     run = _run(f"""
         import _thread, json, signal, subprocess, psutil
-        from mgpu_lib import ddp
+        from mgpu_lib.lab import launcher
         sys.path.insert(0, {str(REPO / "tests")!r})
         from ddp_helpers import tiny
         subprocess.Popen.terminate = subprocess.Popen.kill
@@ -171,22 +172,31 @@ def test_stop_terminates_the_tree_then_kills_what_ignores_it():
                            if alive(proc.pid) else [], grace_s=1)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_on_linux_torchrun_dies_with_its_parent():
-    """A notebook kernel killed outright (SIGKILL) takes the job with it: the child got
-    SIGTERM from the kernel through `prctl` (before: the same, through "libc.so.6" by name)."""
-    child = ("import subprocess, sys, time; from mgpu_lib.lab import launcher; "
-             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-             "**launcher.popen_options()); print(p.pid, flush=True); time.sleep(600)")
-    parent = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-    grandchild = int(parent.stdout.readline())
+@pytest.mark.slow
+def test_a_killed_parent_takes_the_job_and_its_folder_with_it(tmp_path):
+    """A notebook kernel killed outright (SIGKILL) sends nothing: the agent sees its parent gone,
+    stops its ranks as on SIGTERM and removes the job's folder, on any platform. Before:
+    Linux's parent-death signal (`prctl`, Linux only) stopped torchrun; the folder stayed."""
+    child = textwrap.dedent("""
+        import os, tempfile
+        from mgpu_lib.lab import launcher
+        job = tempfile.mkdtemp(prefix="mgpu-test-")
+        launcher.run_ranks(["-c", "import time; time.sleep(600)"], 2, job,
+                           env=dict(os.environ), timeout_s=600)
+        """)
+    parent = subprocess.Popen([sys.executable, "-c", child], cwd=REPO,
+                              env=dict(os.environ, TMPDIR=str(tmp_path)))
+    started = []
     try:
+        assert wait_for(lambda: len(ranks_below(parent.pid)) == 2, 120), "no ranks started"
+        started = launcher.tree(parent.pid)
         parent.kill()
         parent.wait()
-        assert wait_for(lambda: not alive(grandchild), 20), "the child outlived its parent"
+        assert gone(started), "the job outlived its parent"
+        assert wait_for(lambda: not list(tmp_path.glob("mgpu-test-*")), 30)
     finally:
-        if alive(grandchild):
-            psutil.Process(grandchild).kill()
+        parent.kill()
+        launcher.stop_all([p for p in started if alive(p.pid)], grace_s=1)
 
 
 # ---- Apple Silicon: MPS mocked -----------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The traced DDP run: reading a profiler trace, the overlap it measures, the figures drawn from
 stored events, and (slow) two real gloo processes with several buckets, one, and no_sync."""
 import contextlib
+import errno
 import inspect
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,13 +19,16 @@ from mgpu_lib.lab import trace as trace_mod
 from mgpu_lib.devices import DeviceError, num_gpus
 from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
                              mean_overlap, measure_overlap, overlap_rows, read_trace,
-                             save_events)
+                             save_events, write_atomic)
+from mgpu_lib.lab.launcher import LaunchError
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import get_profile
 from mgpu_lib.book.timeline import draw_overlap, draw_timelines
 from mgpu_lib.lab.trace import summary_lines
 from mgpu_lib.lab.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace_ddp
 from mgpu_lib.training import TrainConfig
+
+from ddp_helpers import alive, gone, signal_job, wait_for
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", **args):
@@ -34,7 +40,7 @@ def chrome_trace(path, events, meta=None):
     doc = {"traceEvents": events}
     if meta:
         doc["otherData"] = {"mgpu": meta}
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc), encoding="utf-8")
     return path
 
 
@@ -140,7 +146,7 @@ def test_figures_draw_from_stored_events_without_running_anything(tmp_path, monk
 
     def refuse(*a, **k):
         raise AssertionError("a figure tried to run something")
-    monkeypatch.setattr(trace_mod.mp, "start_processes", refuse)
+    monkeypatch.setattr(trace_mod, "run_ranks", refuse)
     monkeypatch.setattr(torch.distributed, "init_process_group", refuse)
     monkeypatch.setattr(trace_mod, "trace_ddp", refuse)
     path = save_events(synthetic_run(tmp_path), tmp_path / "events.json")
@@ -202,8 +208,12 @@ def test_dataparallel_trace_needs_two_gpus():
 @pytest.mark.parametrize("argv, words", [
     (["--accumulate", "2"], "--accumulate needs --bucket-cap-mb"),
     (["--nprocs", "3", "--profile", "smoke"], "does not split evenly"),
-    (["--bucket-cap-mb", "0"], "--bucket-cap-mb")])
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
+    # before: an OverflowError from a rank, after the job started (issue 33)
+    (["--bucket-cap-mb", "1e308"], "--bucket-cap-mb: must be a number of MiB above 0 and at "
+                                   "most 10000")])
 def test_cli_refuses_bad_input_in_one_line(argv, words, tmp_path, capsys):
+    """Bad input is refused before any process starts."""
     from mgpu_lib.book.cli import main
     try:
         code = main(["trace", "--out", str(tmp_path), *argv])
@@ -211,6 +221,14 @@ def test_cli_refuses_bad_input_in_one_line(argv, words, tmp_path, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_a_bucket_cap_past_one_bucket_is_refused():
+    """Any cap above the model's gradients is one bucket; DDP's byte count overflows near 1e300."""
+    assert Variant("one", ONE_BUCKET_MB).bucket_cap_mb == ONE_BUCKET_MB
+    for cap in (1e308, float("inf"), float("nan"), 0, -1):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a number of MiB"):
+            Variant("v", cap)
 
 
 # ---- two real gloo processes ------------------------------------------------------------------
@@ -228,8 +246,8 @@ def traced(tmp_path_factory):
 
 
 def children() -> list:
-    """This process's live children, but multiprocessing's resource tracker (the spawn start
-    method starts one that lives as long as this process)."""
+    """This process's live children, but multiprocessing's resource tracker (test_ddp's
+    `mp.spawn` starts one that lives as long as this process)."""
     return [p.cmdline() for p in psutil.Process().children(recursive=True) if p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE
             and not any("resource_tracker" in a for a in p.cmdline())]
@@ -279,10 +297,64 @@ def test_no_sync_all_reduces_only_in_the_last_micro_batch(traced):
 @pytest.mark.slow
 def test_a_hung_job_is_stopped_at_its_timeout_and_leaves_nothing(tmp_path):
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match="stopped"):
+    with pytest.raises(LaunchError, match="timed out after 2 s .* stopped"):
         trace_ddp(TrainConfig(width=4, batch_size=8), 2, [Variant("v")], out=tmp_path,
                   timeout_s=2)
     assert time.monotonic() - start < 30 and children() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_stops_a_trace_and_leaves_nothing(tmp_path, sig):
+    """Before (issue 33): SIGTERM to `trace` exited 143 with no message; both ranks and the
+    multiprocessing resource tracker went on for about 30 s, wrote their traces into --out
+    after the command had exited, and a mgpu-trace-* folder stayed. SIGKILL: the same."""
+    out = tmp_path / "out"
+    code, err, started = signal_job(["trace", "--nprocs", "2", "--profile", "smoke", "--steps",
+                                     "50", "--out", str(out)], tmp_path, sig)
+    written = sorted(out.rglob("*"))
+    assert gone(started, 15), [p.cmdline() for p in started if alive(p.pid)]
+    assert wait_for(lambda: not list(tmp_path.glob("mgpu-trace-*")), 30)
+    assert sorted(out.rglob("*")) == written            # nothing written after the exit
+    if sig == signal.SIGTERM:
+        assert code == 143 and len(err.splitlines()) == 1 and "SIGTERM" in err, err
+    else:
+        assert code == -signal.SIGKILL
+
+
+def test_a_trace_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Before (issue 33): on a full disk the profiler left torn `rank*.json.tmp` files in
+    --out and the error said "FileNotFoundError ... rank1.json". Now the profiler writes into
+    the job's folder, and --out gets one atomic write whose error names the cause and file."""
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    path = tmp_path / "v" / "rank1.json"
+    with pytest.raises(OSError) as failed:
+        write_atomic(path, "{}")
+    assert str(failed.value) == f"[Errno 28] No space left on device: '{path}'"
+    assert list(tmp_path.rglob("*.*")) == []            # no torn file, no temporary file
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                    reason="mounts a small tmpfs: Linux, as root")
+def test_a_full_disk_is_named_and_leaves_no_torn_trace(tmp_path):
+    """The same on a real full disk: a 1.2 MB tmpfs holds rank 0's 0.9 MB trace, not rank 1's."""
+    out = tmp_path / "full"
+    out.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(out)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = subprocess.run([sys.executable, "-m", "mgpu_lib", "trace", "--nprocs", "2",
+                            "--profile", "smoke", "--bucket-cap-mb", "1", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        left = sorted(f.name for f in out.rglob("*") if f.is_file())
+    finally:
+        subprocess.run(["umount", str(out)])
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "No space left on device" in p.stderr and "rank" in p.stderr, p.stderr
+    assert all(name in ("rank0.json", "rank1.json") for name in left), left
 
 
 @pytest.mark.slow

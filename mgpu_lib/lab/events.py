@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -120,7 +121,7 @@ def _gpu_items(raw: list):
 def read_trace(path, variant: str = "", rank: int = 0) -> RankTrace:
     """The `Event`s of a Chrome trace written by `trace_ddp` (or any profiler trace with
     `ProfilerStep#N` marks); the bucket count comes from its `otherData.mgpu` entry."""
-    doc = json.loads(Path(path).read_text())
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
     raw = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in raw if STEP.match(e["name"])
                    and e.get("cat") != "gpu_user_annotation")     # the GPU's copy of the mark
@@ -200,17 +201,34 @@ def measure_overlap(trace: RankTrace) -> Overlap:
 
 # ---- stored events: what the figures draw from ---------------------------------------------------
 
+def write_atomic(path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file beside it, then a rename: readers see the
+    old file or the new one, and a failed write (a full disk) leaves no torn file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())        # a full disk can show only here
+        os.chmod(tmp, 0o644)            # mkstemp makes 0600; traces are for everyone to read
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:     # say which file
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+    return path
+
+
 def save_events(run: TraceRun, path) -> Path:
     """`run` as one small JSON file (events, not the Chrome traces)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(run)), encoding="utf-8")
-    os.replace(tmp, path)          # readers see the old file or the new one
-    return Path(path)
+    return write_atomic(path, json.dumps(asdict(run)))
 
 
 def load_events(path) -> TraceRun:
-    d = json.loads(Path(path).read_text())
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
     ranks = [RankTrace(**{**r, "events": [Event(**e) for e in r["events"]]}) for r in d["ranks"]]
     return TraceRun(**{**d, "ranks": ranks})
 

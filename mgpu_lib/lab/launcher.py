@@ -1,17 +1,29 @@
-"""Running a torchrun job from Python: echo rank 0's progress, stop every process on a timeout
-or an interrupt, and turn a failure into one line that names the rank and its error.
+"""Running DDP ranks from Python: `launch` trains on N processes; `run_ranks` runs any rank
+entry point (`trace.trace_ddp`'s too). Rank 0's progress is echoed, nothing outlives the call,
+and a failure is one line that names the rank and its exception.
 
-`ddp.launch` builds the torchrun command; this module only supervises it. The failing rank and
-its exception come from the error files torchrun gives each worker (`TORCHELASTIC_ERROR_FILE`,
-written by `torch.distributed.elastic.multiprocessing.errors.record`), and the process tree
-from `psutil`, so the same code runs on Linux, macOS and Windows.
+    python -m mgpu_lib.lab.launcher JOB_DIR     # the agent that `run_ranks` starts
+
+torch launches: the agent runs `elastic_launch` (what torchrun runs), which starts the ranks,
+stops them once one fails, and describes each failed rank as a `ProcessFailure` (exit code or
+signal, and the exception its `@record` wrote), saved as JSON. It is a process of its own
+because torch's agent takes the main thread's signal handlers and never gives them back.
+Kept here is what torch does not do for a notebook or a command line, each for its reason:
+- the agent watches its parent (a kernel killed outright sends nothing, and a parent-death
+  signal is Linux's alone); then it stops the ranks as on SIGTERM and removes the job's folder;
+- `supervise` stops everything on Ctrl-C, SIGTERM or a whole-job timeout (the agent, in a
+  session of its own, hears none of them), and once a rank has failed gives the others
+  SHUTDOWN_GRACE_S, not torch's 30 s, which a stopped rank would use up;
+- `failure` names a rank's own error before the timeouts and lost peers it causes in the
+  others (torch's "root cause" is only the earliest).
 """
 from __future__ import annotations
 
-import ctypes
+import _thread
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,11 +32,15 @@ import textwrap
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import TrainConfig
 from ..ddp import (COLLECTIVE_TIMEOUT_S, RankInputError, check_fresh, choose_backend,
@@ -33,23 +49,20 @@ from ..devices import DeviceError, num_gpus
 from ..training import TrainResult
 
 LOG = "rank 0: "        # rank 0's progress lines start with this; `supervise` passes them on
-# The one line of torchrun's own log still read: a rank ended by a signal writes no error file,
-# and torchrun reports it as "Signal 9 (SIGKILL) received by PID 1234" (the wording of
-# torch.distributed.elastic's `ProcessFailure`); the PID names the rank (`Ended.ranks`).
-SIGNALLED = re.compile(r"Signal (\d+) \((\w+)\) received by PID (\d+)")
-# gloo's "[/path/to/unbound_buffer.cc:78] " prefix; gloo's and NCCL's words for a timeout
-# ("Timed out waiting", "Application timeout caused pair closure", "operation timeout").
-GLOO_WHERE = re.compile(r"\[[^\]]*\.(cc|cpp|h):\d+\] ")
+# Once a rank has failed, the others get this long to exit before they are killed (they have
+# nothing to save: checkpoints are written atomically); also the agent's `shutdown_timeout`.
+SHUTDOWN_GRACE_S = 5
+POLL_S = 0.2
+# One DDP rank's own memory (USS: torch, gloo, the model, its data), measured on a CPU: 0.8 GB
+# at the smoke and cpu profiles' widths, 1.3 GB at width 64; `check_nprocs` refuses jobs that
+# need more than the machine has free.
+RANK_BYTES = 2**30
+# What a rank says when a peer failed first: it waited, or its peer's connection went away
+# (gloo's and NCCL's words: "Timed out waiting", "Connection closed by peer", ...).
 TIMED_OUT = re.compile(r"\btim(ed|ing) out\b|\btimeout\b", re.I)
-# What a rank says when a peer failed first: it waited, or its peer's connection went away.
 SYMPTOM = re.compile(TIMED_OUT.pattern + r"|connection (reset|closed|refused)|closed by peer"
                      r"|broken pipe", re.I)
-# Once a rank has failed, the others get this long to exit before they are killed; they have
-# nothing to save (checkpoints are written atomically), and a stopped or wedged one would never
-# exit: torchrun itself waits 30 s there (torch 2.14's `LocalElasticAgent._stop_workers`).
-SHUTDOWN_GRACE_S = 5.0
-POLL_S = 0.2
-INPUT_ERROR = "RankInputError"      # a rank's own refusal of its input (see `RankInputError`)
+GLOO_WHERE = re.compile(r"\[[^\]]*\.(cc|cpp|h):\d+\] ")      # "[/path/pair.cc:589] "
 
 
 class LaunchError(RuntimeError):
@@ -61,177 +74,188 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
-# ---- the per-platform part: small, guarded, named ---------------------------------------------
+# ---- before anything starts ---------------------------------------------------------------------
 
-def popen_options() -> dict:
-    """How to start torchrun apart from our terminal's Ctrl-C (we stop it ourselves): a new
-    process group on Windows (no `preexec_fn` there), a new session elsewhere, and on Linux
-    also a parent-death signal."""
-    if os.name == "nt":
-        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
-    options = {"start_new_session": True}
-    if sys.platform.startswith("linux"):
-        options["preexec_fn"] = linux_die_with_parent
-    return options
+def check_nprocs(nprocs: int, backend: str) -> None:
+    """Refuse more processes than this machine has devices or memory for (a DeviceError).
+    With gloo a process is a "virtual device" on the CPU: one a core, though 2 on any CPU
+    (the pages' DDP runs); with nccl one a GPU."""
+    if backend == "nccl" and nprocs > num_gpus():
+        raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
+                          f"{num_gpus()}")
+    cores = os.cpu_count() or 1
+    if backend == "gloo" and nprocs > max(2, cores):
+        raise DeviceError(f"{nprocs} gloo processes are more than this machine's {cores} CPU "
+                          f"cores; use at most {max(2, cores)}")
+    free = psutil.virtual_memory().available
+    if nprocs * RANK_BYTES > free:
+        raise DeviceError(f"{nprocs} DDP processes need about {nprocs * RANK_BYTES / 2**30:.1f}"
+                          f" GB of memory; {free / 2**30:.1f} GB is available")
 
 
-def linux_die_with_parent() -> None:
-    """In the child (Linux only): get SIGTERM when this process dies, so torchrun stops its
-    workers even when a notebook kernel is killed outright. Best effort: a no-op without libc.
-    `CDLL(None)` is this process's own symbols, libc's among them, whatever the libc's name."""
+def rank_env(backend: str, nprocs: int) -> dict:
+    """The environment for the ranks: unbuffered output, and on a CPU each rank's share of the
+    cores as its OpenMP threads."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
+    if os.name == "nt":     # torch's Windows wheels have no libuv, which the rendezvous store
+        env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils)
+    return env
+
+
+# ---- the agent (its own process) ------------------------------------------------------------------
+
+def agent(job: Path) -> int:
+    """Run `job/job.json`'s ranks under torch's elastic agent. 0 if every rank succeeded, else
+    1 with `job/failures.json` written, or 128 + the signal that stopped it."""
+    spec = json.loads((job / "job.json").read_text(encoding="utf-8"))
+    # Until torch registers its own handlers (when it starts the ranks), a SIGTERM ends us
+    # the way it will then: as a SignalException.
+    signal.signal(signal.SIGTERM, _signalled)
+    parent_alive = _watch_parent()
+    # what torchrun --standalone --max-restarts=0 runs; older torch has no shutdown_timeout
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=spec["nprocs"],
+                          run_id=job.name, rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                          max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir=str(job / "logs")))
+    if hasattr(config, "shutdown_timeout"):
+        config.shutdown_timeout = SHUTDOWN_GRACE_S      # after a signal to us, not a failure
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
-    except (OSError, AttributeError, TypeError):
-        pass
+        try:
+            elastic_launch(config, sys.executable)("-u", *spec["args"])
+            return 0
+        except ChildFailedError as e:
+            records = [failure_record(rank, f) for rank, f in e.failures.items()]
+            (job / "failures.json").write_text(json.dumps(records), encoding="utf-8")
+            return 1
+    except SignalException as e:        # torch has stopped the ranks
+        return 128 + int(e.sigval)
+    finally:
+        if not parent_alive():
+            shutil.rmtree(job, ignore_errors=True)
 
 
-def tree(pid: int) -> list:
-    """Every process below `pid` (psutil), or none if `pid` is gone."""
+def _signalled(signum, frame):
+    raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
+
+
+def _watch_parent() -> Callable[[], bool]:
+    """Start a thread that stops this agent as SIGTERM does once its parent is gone; returns
+    whether the parent is alive. A dead parent's child gets a new parent id (POSIX; `is_running`
+    alone would see a zombie as alive); on Windows the id stays and the process goes."""
+    ppid = os.getppid()
     try:
-        return psutil.Process(pid).children(recursive=True)
+        parent = psutil.Process(ppid)
     except psutil.Error:
-        return []
+        parent = None
+
+    def alive() -> bool:
+        return parent is not None and os.getppid() == ppid and parent.is_running()
+
+    def watch() -> None:
+        while alive():
+            time.sleep(POLL_S)
+        if os.name == "nt":     # no SIGTERM between processes there; torch stops on SIGINT too
+            _thread.interrupt_main()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, daemon=True).start()
+    return alive
 
 
-def stop_all(procs: list, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """Terminate `procs`, give them `grace_s` to exit, then kill what is left."""
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+def failure_record(rank: int, f: ProcessFailure) -> dict:
+    """What `failure` needs of a rank's `ProcessFailure`, as JSON: the exception its `@record`
+    wrote (`error`, None without an error file), and torch's words for a signal."""
+    wrote = os.path.isfile(f.error_file)
+    return {"rank": rank, "pid": f.pid, "exitcode": f.exitcode, "signal": f.signal_name(),
+            "error": f.message if wrote else None, "message": f.message,
+            # the error file's write time, finer than torch's whole-second timestamp
+            "at_ns": os.stat(f.error_file).st_mtime_ns if wrote else f.timestamp * 10**9}
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """Stop torchrun and every worker below it. POSIX torchrun stops its workers on SIGTERM;
-    on Windows `terminate` ends torchrun alone, so the workers are stopped one by one too."""
-    victims = tree(proc.pid)
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    stop_all(victims)
-
-
-# ---- the error files --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RankError:
-    """One rank's exception, from its torchelastic error file."""
-    rank: int
-    name: str           # the exception's qualified name: torch.OutOfMemoryError
-    text: str           # the first line of its message
-    timestamp: int      # seconds; torch writes whole seconds
-    written_ns: int = 0     # the file's mtime: the order within one second
-
-    @property
-    def symptom(self) -> bool:
-        """A rank's own refusal is a cause; a timeout or a lost peer is a likely symptom."""
-        return self.name.split(".")[-1] != INPUT_ERROR and bool(SYMPTOM.search(self.text))
-
-
-def read_error_file(path, rank: int) -> Optional[RankError]:
-    """The exception `record` wrote to `path`, or None if there is no readable one."""
-    try:
-        data = json.loads(Path(path).read_text())["message"]
-        written = Path(path).stat().st_mtime_ns
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if isinstance(data, str):                   # torch's newer plain-message format
-        data = {"message": data, "extraInfo": {}}
-    short, _, text = str(data.get("message", "")).partition(": ")
-    extra = data.get("extraInfo") or {}
-    # The message has the bare class name; the traceback's last lines name its module.
-    name = next((line.split(":", 1)[0] for line in reversed(
-        str(extra.get("py_callstack", "")).splitlines())
-        if line.split(":", 1)[0].split(".")[-1] == short and " " not in line.split(":", 1)[0]),
-        short)
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    try:
-        stamp = int(extra.get("timestamp", 0))
-    except (TypeError, ValueError):             # null or not a number: no time to compare
-        stamp = 0
-    return RankError(rank, name, first, stamp, written)
-
-
-def read_errors(log_dir) -> list[RankError]:
-    """Every rank's error in torchrun's `--log-dir` (`<run>/attempt_<n>/<local rank>/error.json`),
-    the likely cause first: a rank's own failure before the timeouts and lost connections it
-    causes in the others, then the earliest.
-    With `--standalone` the local rank is the rank."""
-    if not log_dir:
-        return []
-    found = [read_error_file(p, int(p.parent.name))
-             for p in Path(log_dir).glob("*/attempt_*/*/error.json") if p.parent.name.isdigit()]
-    return sorted((e for e in found if e),
-                  key=lambda e: (e.symptom, e.timestamp, e.written_ns, e.rank))
-
-
-# ---- supervising a job ------------------------------------------------------------------------
+# ---- the caller's side ----------------------------------------------------------------------------
 
 @dataclass
 class Ended:
-    """How a job ended: torchrun's exit code, its last lines, and what identifies the ranks."""
+    """How the agent ended: its exit code, the output's last lines, and the ranks we killed."""
     code: int
     lines: list = field(default_factory=list)
-    ranks: dict = field(default_factory=dict)       # pid -> rank of every worker seen
-    stopped: set = field(default_factory=set)       # pids this supervisor killed, not the cause
-    log_dir: Optional[str] = None
+    stopped: set = field(default_factory=set)       # pids killed after another rank failed
 
-    def errors(self) -> list[RankError]:
-        return read_errors(self.log_dir)
+
+def popen_options() -> dict:
+    """Start the agent apart from our terminal's Ctrl-C (we stop it ourselves): a new process
+    group on Windows, a new session elsewhere."""
+    if os.name == "nt":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float,
+              log: Optional[Callable[[str], None]] = None) -> Ended:
+    """Run `python ARGS` as ranks 0..nprocs-1 on this machine (torch sets RANK, WORLD_SIZE,
+    MASTER_ADDR, ...); rank 0's progress lines go to `log`. `job` is an empty folder the job
+    owns (a `job_folder`): the agent removes it if its parent dies.
+
+    Raises:
+        RankInputError: a rank refused its input (a ValueError).
+        LaunchError: a rank failed or the job timed out; the message names the rank and error.
+    """
+    job = Path(job)
+    (job / "job.json").write_text(json.dumps({"nprocs": nprocs, "args": list(args)}),
+                                  encoding="utf-8")
+    cmd = [sys.executable, "-m", "mgpu_lib.lab.launcher", str(job)]
+    ended = supervise(cmd, env, timeout_s, log, logs=job / "logs")
+    if ended.code != 0:
+        path = job / "failures.json"
+        records = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        raise failure(records, ended)
+    return ended
+
+
+@contextmanager
+def job_folder(prefix: str):
+    """A temporary folder for one job, removed on any exit. While it exists, SIGTERM raises
+    `Terminated` (main thread only), so that the job's processes and the folder go too."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
 
 
 def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] = None,
-              log_dir=None) -> Ended:
-    """Run `cmd`, pass rank 0's lines to `log`, keep the last 60; stop everything on timeout.
-
-    `log_dir` is torchrun's `--log-dir`: once an error file appears there, the other workers
-    get SHUTDOWN_GRACE_S to exit, then are killed. While the job runs (from the main thread),
-    SIGTERM stops it as Ctrl-C does, raising `Terminated`.
-    """
+              logs=None) -> Ended:
+    """Run `cmd`, pass rank 0's lines to `log`, keep the last 60; stop everything on timeout,
+    Ctrl-C or any other exception (`Terminated` in a `job_folder`). Once a rank's error file
+    appears under `logs`, the other ranks get SHUTDOWN_GRACE_S to exit, then are killed."""
     tail: deque = deque(maxlen=60)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **popen_options())
+                            text=True, encoding="utf-8", errors="replace", **popen_options())
     reader = threading.Thread(target=_pump, args=(proc, tail, log), daemon=True)
     reader.start()
-    ended = Ended(code=-1, log_dir=str(log_dir) if log_dir else None)
-    previous = _on_sigterm()
+    ended = Ended(code=-1)
     try:
-        ended.code = _wait(proc, ended, time.monotonic() + timeout_s)
+        ended.code = _wait(proc, ended, time.monotonic() + timeout_s, logs)
     except subprocess.TimeoutExpired:
         stop(proc)
         reader.join(5)
         last = next((t for t in reversed(tail) if t.strip()), "nothing")
-        raise LaunchError(f"DDP job timed out after {timeout_s:.0f} s (a rank hung or is too "
+        raise LaunchError(f"DDP job timed out after {timeout_s:g} s (a rank hung or is too "
                           f"slow) and was stopped; last output: {last}") from None
     finally:
         if proc.poll() is None:     # an interrupt or another error: leave nothing behind
             stop(proc)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     reader.join(5)
     ended.lines = list(tail)
     return ended
-
-
-def _on_sigterm():
-    """Make SIGTERM raise `Terminated` (main thread only); the handler it replaced, or None."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise Terminated("terminated (SIGTERM)")
-    return signal.signal(signal.SIGTERM, handler)
 
 
 def _pump(proc: subprocess.Popen, tail: deque, log: Optional[Callable[[str], None]]) -> None:
@@ -246,9 +270,9 @@ def _pump(proc: subprocess.Popen, tail: deque, log: Optional[Callable[[str], Non
                 log = None
 
 
-def _wait(proc: subprocess.Popen, ended: Ended, deadline: float) -> int:
-    """`proc`'s exit code, noting each worker's rank meanwhile. Once a rank's error file
-    appears, the rest get SHUTDOWN_GRACE_S before they are killed.
+def _wait(proc: subprocess.Popen, ended: Ended, deadline: float, logs) -> int:
+    """The agent's exit code. Once a rank's error file appears under `logs`, the ranks get
+    SHUTDOWN_GRACE_S before they are killed (and noted in `ended.stopped`).
 
     Raises:
         subprocess.TimeoutExpired: `deadline` (a `time.monotonic()` value) passed first.
@@ -262,50 +286,96 @@ def _wait(proc: subprocess.Popen, ended: Ended, deadline: float) -> int:
         now = time.monotonic()
         if now >= deadline:
             raise subprocess.TimeoutExpired(proc.args, 0)
-        _note_ranks(proc.pid, ended.ranks)
-        if failed_at is None and ended.log_dir and any(
-                Path(ended.log_dir).glob("*/attempt_*/*/error.json")):
+        if failed_at is None and logs and any(Path(logs).rglob("error.json")):
             failed_at = now
         if failed_at is not None and now - failed_at > SHUTDOWN_GRACE_S:
-            left = tree(proc.pid)
-            ended.stopped.update(p.pid for p in left)
-            stop_all(left, grace_s=0)               # torchrun then reports them and exits
-            return proc.wait(max(0.0, deadline - time.monotonic()))
+            ranks = tree(proc.pid)
+            ended.stopped.update(p.pid for p in ranks)
+            stop_all(ranks, grace_s=0)              # the agent then reports them and exits
+            failed_at = float("inf")                # once
 
 
-def _note_ranks(pid: int, ranks: dict) -> None:
-    """Add each new worker below `pid` to `ranks` (pid -> its RANK)."""
-    for p in tree(pid):
-        if p.pid not in ranks:
-            try:
-                rank = p.environ().get("RANK")
-            except psutil.Error:
-                continue
-            if rank is not None and rank.isdigit():
-                ranks[p.pid] = int(rank)
+def tree(pid: int) -> list:
+    """Every process below `pid` (psutil), or none if `pid` is gone."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
-# ---- the one line -----------------------------------------------------------------------------
+def stop_all(procs: list, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Terminate `procs`, give them `grace_s` to exit, then kill what is left."""
+    for p in procs:
+        try:
+            p.terminate() if grace_s else p.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=SHUTDOWN_GRACE_S)
 
-def failure(ended: Ended) -> Exception:
-    """The exception to raise for a failed job: a `RankInputError` if a rank refused its
-    input, else a `LaunchError`; its message names the rank that failed first, and why."""
-    errors = ended.errors()
-    killed = [(int(pid), f"Signal {num} ({name})") for num, name, pid in
-              SIGNALLED.findall("\n".join(ended.lines))
-              if name != "SIGTERM" and int(pid) not in ended.stopped]
-    if killed:                      # SIGKILL, SIGSEGV: nothing else could have written a file
-        pid, what = killed[0]
-        who = f"rank {ended.ranks[pid]}" if pid in ended.ranks else f"process {pid}"
-        return LaunchError(f"DDP {who} failed: {what} received by PID {pid}")
-    if errors:
-        first = errors[0]
-        if first.name.split(".")[-1] == INPUT_ERROR:
-            return RankInputError(f"DDP rank {first.rank} failed: {first.text}")
-        return LaunchError(f"DDP rank {first.rank} failed: "
-                           f"{_explain(f'{first.name}: {first.text}')}")
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the agent and every rank below it. On POSIX the agent stops its ranks on SIGTERM;
+    on Windows `terminate` ends the agent alone, so the ranks are stopped one by one too."""
+    victims = tree(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=2 * SHUTDOWN_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    stop_all(victims)
+
+
+# ---- the one line ---------------------------------------------------------------------------------
+
+def failure(records: list, ended: Ended) -> Exception:
+    """The exception for a failed job: a `RankInputError` if a rank refused its input, else a
+    `LaunchError`; it names the likeliest cause among `records` (`failure_record`s)."""
     last = next((t for t in reversed(ended.lines) if t.strip()), "no output")
-    return LaunchError(f"DDP job failed (torchrun exit code {ended.code}): {_explain(last)}")
+    if not records:                 # the agent itself failed: its last words
+        return LaunchError(f"DDP job failed (exit code {ended.code}): {_explain(last)}")
+    first = min(records, key=lambda r: _blame(r, ended.stopped))
+    name, text = _exception(first)
+    if name.split(".")[-1] == RankInputError.__name__:
+        return RankInputError(f"DDP rank {first['rank']} failed: {text}")
+    if first["error"] is None and first["exitcode"] > 0:    # it said why on its stderr, if at all
+        text += f"; last output: {last}"
+    return LaunchError(f"DDP rank {first['rank']} failed: "
+                       f"{_explain(f'{name}: {text}' if name else text)}")
+
+
+def _blame(record: dict, stopped: set) -> tuple:
+    """Sort key, the likely cause first: a rank stopped by the agent (SIGTERM) or by us after
+    another failed comes last; a timeout or a lost peer after a rank's own error; then the
+    earliest."""
+    own = record["error"] is not None
+    ours = not own and (record["signal"] == "SIGTERM" or record["pid"] in stopped)
+    name, text = _exception(record)
+    symptom = own and name.split(".")[-1] != RankInputError.__name__ and \
+        bool(SYMPTOM.search(text))
+    return ours, symptom, record["at_ns"], record["rank"]
+
+
+def _exception(record: dict) -> tuple:
+    """(the exception's qualified name, its message's first line), or ("", torch's words for a
+    signal, or the exit code) for a rank without an error file. `@record` writes the bare class
+    name in its message; the module comes from the traceback's last line that names the class."""
+    error = record["error"]
+    if error is None:
+        return "", record["message"] if record["exitcode"] < 0 else \
+            f"exit code {record['exitcode']}"
+    if not isinstance(error, dict):         # torch's plain-message format
+        return "", str(error)
+    short, _, text = str(error.get("message", "")).partition(": ")
+    stack = str((error.get("extraInfo") or {}).get("py_callstack", ""))
+    names = re.findall(rf"^((?:[\w.]+\.)?{re.escape(short)}): ", stack, re.M)
+    return (names[-1] if names else short), (text.strip().splitlines() or [""])[0]
 
 
 def _explain(detail: str) -> str:
@@ -318,12 +388,12 @@ def _explain(detail: str) -> str:
     return detail
 
 
-# ---- the launcher -----------------------------------------------------------------------------
+# ---- training -------------------------------------------------------------------------------------
 
 def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
            collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
            resume: bool = False, log: Optional[Callable[[str], None]] = None) -> TrainResult:
-    """Run `config` as a torchrun job of `nprocs` processes on this machine; rank 0's result.
+    """Train `config` as a DDP job of `nprocs` processes on this machine; rank 0's result.
 
     Args:
         config: what to train; `batch_size` is the global batch, split evenly over the ranks.
@@ -336,34 +406,28 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
     Returns:
         Rank 0's `TrainResult`; a diverged run is a result with status "diverged".
     Raises:
+        DeviceError: more processes than this machine has devices or memory for.
         RankInputError: a rank refused its input (missing data, say): a ValueError.
         LaunchError: a rank failed or the job timed out (the message names the rank and error).
     """
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
-    if backend == "nccl" and nprocs > num_gpus():
-        raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
-                          f"{num_gpus()}")
+    check_nprocs(nprocs, backend)
     if checkpoint and resume:
         load_checkpoint(checkpoint, config, nprocs)      # a bad checkpoint: one line, now
     elif checkpoint:
         check_fresh(checkpoint)                          # never overwrite another run's
-    with tempfile.TemporaryDirectory(prefix="mgpu-ddp-") as tmp:
-        cfg, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
+    with job_folder("mgpu-ddp-") as tmp:
+        cfg, out = tmp / "config.json", tmp / "result.json"
         cfg.write_text(json.dumps(config.to_dict()), encoding="utf-8")
-        args = ["--config", str(cfg), "--out", str(out), "--backend", backend,
-                "--timeout", str(collective_timeout_s)]
+        args = ["-m", "mgpu_lib", "worker", "--config", str(cfg), "--out", str(out),
+                "--backend", backend, "--timeout", str(collective_timeout_s)]
         if checkpoint:
             args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
-        logs = Path(tmp) / "logs"    # torchrun gives each rank an error file under it
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nprocs}", "--max-restarts=0", f"--log-dir={logs}",
-               "-m", "mgpu_lib", "worker", *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
-        if os.name == "nt":     # torch's Windows wheels have no libuv, which torchrun's store
-            env.setdefault("USE_LIBUV", "0")    # asks for unless told (elastic/utils)
-        ended = supervise(cmd, env, timeout_s, log, log_dir=logs)
-        if ended.code != 0:
-            raise failure(ended)
+        run_ranks(args, nprocs, tmp, env=rank_env(backend, nprocs), timeout_s=timeout_s,
+                  log=log)
         return TrainResult.from_dict(json.loads(out.read_text(encoding="utf-8")), str(out))
+
+
+if __name__ == "__main__":
+    sys.exit(agent(Path(sys.argv[1])))

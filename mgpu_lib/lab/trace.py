@@ -8,8 +8,10 @@ under `no_sync`). The profiler's schedule skips the first steps (DDP rebuilds it
 the first one), then records `active` steps and writes one Chrome trace per rank and variant
 (`OUT/<variant>/rank<r>.json`, open it in https://ui.perfetto.dev); `events.read_trace` reads
 them back. With gloo the all-reduces run on gloo's own threads, beside the backward ops; with NCCL,
-on a CUDA stream of their own. On two or more GPUs `trace_dataparallel` traces DataParallel's
-step too: scatter, replicate, parallel_apply, gather, and the reduce in backward.
+on a CUDA stream of their own. The ranks run as a training job's do (`launcher.run_ranks`;
+`python -m mgpu_lib.lab.trace SPEC` is one of them). On two or more GPUs `trace_dataparallel`
+traces DataParallel's step too: scatter, replicate, parallel_apply, gather, and the reduce in
+backward.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import functools
 import json
 import os
 import re
-import tempfile
+import shutil
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -27,16 +30,18 @@ from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from ..config import Check
 from ..ddp import choose_backend, cpu_threads, local_batch_size
 from ..devices import DeviceError, describe_devices, num_gpus
-from .events import TraceRun, overlap_rows, read_trace, save_events
 from ..model import num_params, resnet18
 from ..training import TrainConfig, make_model
+from .events import TraceRun, overlap_rows, read_trace, save_events, write_atomic
+from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
 # DDP's default caps (torch/nn/parallel/distributed.py): 25 MiB a bucket, but the first bucket
@@ -45,6 +50,11 @@ DEFAULT_CAP_BYTES = 25 * 2**20
 FIRST_CAP_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
 WAIT, WARMUP = 1, 1          # profiler schedule: skip the first step (buckets are rebuilt after
                              # it), warm up on the second, record the rest
+# A cap above the model's gradients is one bucket, so larger caps change nothing; DDP turns the
+# cap into a byte count, which overflows near 1e300.
+BUCKET_CAP = Check(f"a number of MiB above 0 and at most {ONE_BUCKET_MB:g} (one bucket for "
+                   f"any model here)", lambda v: isinstance(v, (int, float)) and
+                   not isinstance(v, bool) and 0 < v <= ONE_BUCKET_MB, float, "MIB")
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,10 @@ class Variant:
     bucket_cap_mb: Optional[float] = None     # MiB; None: DDP's default (DEFAULT_CAP_BYTES,
                                               # the first bucket FIRST_CAP_BYTES)
     accumulate: int = 1
+
+    def __post_init__(self):
+        if self.bucket_cap_mb is not None:
+            BUCKET_CAP.check("bucket_cap_mb", self.bucket_cap_mb)
 
 
 def default_variants(width: int) -> list:
@@ -98,7 +112,7 @@ def _steps(model, optimizer, x, y, variant: Variant, count: int, prof) -> None:
 
 
 def _trace_variant(config: TrainConfig, variant: Variant, rank: int, device, local_batch: int,
-                   active: int, out: Path) -> None:
+                   active: int, out: Path, scratch: Path) -> None:
     net = make_model(config, device)
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None,
                 bucket_cap_mb=variant.bucket_cap_mb)
@@ -118,42 +132,48 @@ def _trace_variant(config: TrainConfig, variant: Variant, rank: int, device, loc
                 profile=config.profile, width=config.width, batch_size=config.batch_size,
                 hardware=f"{dist.get_world_size()} x {dist.get_backend()} process(es) on "
                          f"{describe_devices([device])}")
-    path = out / _folder(variant) / f"rank{rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
-    doc = json.loads(path.read_text())
+    _save(prof, meta, out / _folder(variant) / f"rank{rank}.json", scratch)
+
+
+def _save(prof, meta: dict, path: Path, scratch: Path) -> None:
+    """`prof`'s Chrome trace with `meta` in it, written to `path` whole or not at all. The
+    profiler's own writer reports a failed write on stderr only and leaves a torn `.tmp`, so it
+    writes into the job's folder (`scratch`, removed with it), and `path` gets one atomic write
+    whose error names the file and the cause."""
+    raw = scratch / f"{path.parent.name}-{path.name}"
+    prof.export_chrome_trace(str(raw))
+    if not raw.is_file():
+        raise OSError(f"the profiler wrote no trace into {scratch} (a full disk? "
+                      f"{shutil.disk_usage(scratch).free / 2**20:.0f} MiB free)")
+    doc = json.loads(raw.read_text(encoding="utf-8"))
+    raw.unlink()
     doc.setdefault("otherData", {})["mgpu"] = meta    # the format's place for metadata
-    path.write_text(json.dumps(doc, separators=(",", ":")))
+    write_atomic(path, json.dumps(doc, separators=(",", ":")))
 
 
 def _folder(variant: Variant) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", variant.name).strip("_")
 
 
-def _rank_main(rank: int, world: int, store: str, config: dict, variants: list, out: str,
-               active: int, backend: str, timeout_s: float, log_dir: str) -> None:
-    """One spawned rank. The profiler's C++ side writes to the process's stderr; that goes to a
-    log file, so a notebook shows none of it (an exception still reaches the parent)."""
-    log = os.open(os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    cfg = TrainConfig(**config)
+@record     # an exception goes to this rank's error file, where the launcher reads it
+def trace_rank(spec_path: str) -> None:
+    """One rank of `trace_ddp`'s job (`python -m mgpu_lib.lab.trace SPEC`, under the launcher's
+    agent, which sets RANK and WORLD_SIZE): every variant, in the order given."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    cfg, backend = TrainConfig(**spec["config"]), spec["backend"]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "nccl":
-        device = torch.device(f"cuda:{rank}")
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(cpu_threads(world))
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
-    try:
-        for v in variants:
-            _trace_variant(cfg, Variant(**v), rank, device, local_batch_size(cfg.batch_size,
-                                                                             world), active,
-                           Path(out))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    dist.init_process_group(backend, timeout=timedelta(seconds=spec["timeout_s"]))
+    for v in spec["variants"]:
+        _trace_variant(cfg, Variant(**v), rank, device, local_batch_size(cfg.batch_size, world),
+                       spec["active"], Path(spec["out"]), Path(spec_path).parent)
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[Variant]] = None,
@@ -162,23 +182,26 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     """Trace `active` steps of each variant on `nprocs` processes; the events of every rank.
 
     Writes `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (`save_events`).
-    `config.batch_size` is the global batch. The job is stopped after `timeout_s` seconds, and
-    no process outlives this call.
+    `config.batch_size` is the global batch. The ranks run as a DDP job does
+    (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on Ctrl-C or SIGTERM, and no
+    process outlives this call. A failed rank is a `LaunchError` that names it.
     """
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)
-    if backend == "nccl" and nprocs > num_gpus():
-        raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
-                          f"{num_gpus()}")
+    check_nprocs(nprocs, backend)
     variants = list(variants or default_variants(config.width))
     out = Path(out)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mgpu-trace-") as tmp:
-        args = (nprocs, os.path.join(tmp, "store"), config.to_dict(),
-                [asdict(v) for v in variants], str(out), active, backend, timeout_s, tmp)
-        _spawn(args, nprocs, timeout_s, tmp)
+    with job_folder("mgpu-trace-") as tmp:
+        spec = tmp / "trace.json"
+        spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend, out=str(out),
+                                        variants=[asdict(v) for v in variants], active=active,
+                                        timeout_s=timeout_s)), encoding="utf-8")
+        run_ranks(["-m", "mgpu_lib.lab.trace", str(spec)], nprocs, tmp,
+                  env=rank_env(backend, nprocs), timeout_s=timeout_s)
     # the hardware as rank 0 saw it: its share of the threads, not this process's
-    meta = json.loads((out / _folder(variants[0]) / "rank0.json").read_text())["otherData"]
+    meta = json.loads((out / _folder(variants[0]) / "rank0.json").read_text(
+        encoding="utf-8"))["otherData"]
     run = TraceRun(f"{nprocs} x {backend} process(es), each on {meta['mgpu']['hardware']}",
                    config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
@@ -186,37 +209,6 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
                  for v in variants for r in range(nprocs)]
     save_events(run, out / "events.json")
     return run
-
-
-def _spawn(args: tuple, nprocs: int, timeout_s: float, log_dir: str) -> None:
-    """Start the ranks, wait up to `timeout_s`, and leave none behind (timeout, error, Ctrl-C)."""
-    ctx = mp.start_processes(_rank_main, args=args, nprocs=nprocs, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the traced DDP run took over {timeout_s:.0f} s and was "
-                                   f"stopped; {_last_line(log_dir)}")
-    except mp.ProcessRaisedException as e:
-        raise RuntimeError(f"a traced DDP rank failed: {str(e).strip().splitlines()[-1]}") \
-            from None
-    except mp.ProcessExitedException as e:
-        raise RuntimeError(f"a traced DDP rank died ({e}); {_last_line(log_dir)}") from None
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-
-def _last_line(log_dir: str) -> str:
-    lines = [line for f in sorted(Path(log_dir).glob("rank*.log"))
-             for line in f.read_text(errors="replace").splitlines() if line.strip()]
-    return f"last output: {lines[-1]}" if lines else "no output"
 
 
 def summary_lines(run: TraceRun, overlap: Optional[float] = None) -> list:
@@ -281,3 +273,7 @@ def trace_dataparallel(config: TrainConfig, out="runs/trace", active: int = 2) -
     prof.export_chrome_trace(str(path))
     return TraceRun(f"DataParallel on {describe_devices(devices)}", config.profile, 1, "cuda",
                     config.width, config.batch_size, 0.0, [read_trace(path, "DataParallel", 0)])
+
+
+if __name__ == "__main__":
+    trace_rank(sys.argv[1])
