@@ -137,7 +137,7 @@ def _ex1_jobs(p: Profile, gpus: int) -> list[Job]:
 
 def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     """The training `page` does under `profile` on a machine with `gpus` GPUs."""
-    p, seeds = profile, len(profile.seeds)
+    p = profile
     if page not in PAGES:
         raise ValueError(f"unknown page {page!r}; pages: {', '.join(PAGES)}")
     if page == "03_dataparallel":
@@ -145,19 +145,14 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
         if gpus > 1:
             jobs.append(replace(_run("one run, all GPUs", p, batch=p.batch_size * gpus),
                                 devices=gpus))
-        return jobs + [_run("batch sweep, base", p, seeds),
-                       _run("batch sweep, 2 x batch", p, seeds, batch=2 * p.batch_size)]
+        return jobs
     if page == "05_ddp":
         processes = ddp_process_counts(p.batch_size, gpus)
         return [_run("DataParallel", p)] + [_run(f"DDP, {k} process(es)", p) for k in processes]
     if page == "06_performance":
-        steps = bench_steps(p)
-        modes = 6 if gpus else 4
-        jobs = [Job("bench: 2 loops", 2, p.width, p.batch_size, steps=2 + 3 * steps),
-                Job("ablation", modes, p.width, p.batch_size, steps=2 + 2 * steps)]
-        if live_accuracy(p):
-            jobs.append(_run("the chapter's loop and the fast loop", p, 2))
-        return jobs
+        modes = 7 if gpus else 6         # at most: `bench.ablation_modes` with native bf16
+        return [Job("the chapter's loop, then each switch", modes, p.width, p.batch_size,
+                    steps=2 + 3 * bench_steps(p))]
     if page == "ex1_hyperparameters":
         return _ex1_jobs(p, gpus)
     if page == "ex2_cpu_gpu_split":
@@ -180,12 +175,6 @@ def ddp_process_counts(global_batch: int, gpus: int) -> list[int]:
 def bench_steps(p: Profile) -> int:
     """Timed steps per round of the Performance page's benchmarks."""
     return {"smoke": 3, "cpu": 5}.get(p.name, 20)
-
-
-def live_accuracy(p: Profile) -> bool:
-    """Whether the Performance page trains both loops live. Not under `cpu`: there one pair takes
-    minutes and its gap is within one seed's noise, and the recorded 20-seed study answers it."""
-    return p.name != "cpu"
 
 
 def trim(page: str, profile: Profile, seconds, budget_s: float,
