@@ -39,10 +39,10 @@ def test_on_a_t4_every_page_is_trimmed_to_fit_the_budget(page, monkeypatch):
 
 def test_the_trim_has_real_work_to_do_on_a_t4_and_says_each_cut(monkeypatch):
     monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)
-    untrimmed = pages.STARTUP_S + pages.gpu_seconds(page_jobs("03_dataparallel", FULL, 1),
+    untrimmed = pages.STARTUP_S + pages.gpu_seconds(page_jobs("ex1_hyperparameters", FULL, 1),
                                                     pages.spec_for_name("T4"))
     assert untrimmed > budget_s()
-    pred = predict("03_dataparallel", FULL, "Tesla T4", 1)
+    pred = predict("ex1_hyperparameters", FULL, "Tesla T4", 1)
     assert pred["cuts"][0] == "1 of 3 seeds" and pred["profile"].seeds == (0,)
     assert pred["profile"].train_limit < 60_000       # one seed was not enough
     # a page whose seeds do not matter is not said to have lost them
@@ -128,7 +128,7 @@ def test_setup_page_on_a_mocked_t4_trims_and_says_so(monkeypatch):
     monkeypatch.setattr(pages, "num_gpus", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
     monkeypatch.setattr(pages, "banner", lambda p: f"profile: {p.name}")
-    profile, text = setup_page("03_dataparallel")
+    profile, text = setup_page("ex1_hyperparameters")
     assert profile.name == "full, trimmed" and profile.seeds == (0,)
     assert "profile: full, trimmed" in text and "on one T4 (predicted" in text
     assert "trimmed to fit 15 min:\n  1 of 3 seeds\n" in text
@@ -173,7 +173,7 @@ def test_gpu_predictions_carry_the_fitted_band_and_use_every_gpu(monkeypatch):
     assert lo < hi                                   # no published run names a T4: a range
     one = page_jobs("03_dataparallel", FULL, 1)
     two = page_jobs("03_dataparallel", FULL, 2)
-    assert [j.devices for j in two] == [1, 2, 1, 1] and len(one) == 3
+    assert [j.devices for j in two] == [1, 2] and len(one) == 1
     pred = predict("03_dataparallel", FULL, "Tesla V100-SXM2-16GB", 2)
     assert pred["on"] == "2 x V100" and pred["seconds"][0] < pred["seconds"][1]
 
