@@ -97,15 +97,6 @@ def test_held_out_covers_every_pytorch_line_that_names_its_gpu():
     assert all(h["predicted_s"] > 0 for h in evidence.held_out())
 
 
-def test_runs_without_hardware_are_ranges_not_fits():
-    out = {u["run"]: u for u in evidence.unknown_hardware()}
-    assert set(out) == {p[0].run for p in published.pairs(published.runs("pytorch"))
-                        if p[0].gpu is None} == {"study notes"}
-    for u in out.values():
-        assert u["one_gpu"][0] < u["one_gpu"][1] and u["two_gpus"][0] < u["two_gpus"][1]
-        assert set(u["consistent"]) <= set(DEVICES)
-
-
 def test_overlapping_bands_are_undecided_even_where_every_corner_agrees():
     """Before: A was 'faster' where A < B at each corner of the fit, though B's band reached
     below A's."""
@@ -174,23 +165,6 @@ def test_the_one_day_course_names_its_gpus():
     one, two = published.pair("d2l 1-day course")
     assert "V100-SXM2" in one.gpu and "1-use-gpu.ipynb" in one.hardware_source
     assert one.framework == "mxnet" and one.run not in {h["run"] for h in evidence.held_out()}
-
-
-def test_check_on_runs_predicts_each_batch_without_seeing_it():
-    from types import SimpleNamespace
-    from mgpu_lib.perf.evidence import check_on_runs
-    from mgpu_lib.perf.scaling import GLOO_LOOPBACK, RESNET18
-
-    def run(batch, status="ok"):           # 0.01 s a step plus 1 ms an image: a straight line
-        steps = 6000 // batch
-        return SimpleNamespace(status=status, config={"batch_size": batch}, steps_per_epoch=steps,
-                               sec_per_epoch=steps * (0.01 + 0.001 * batch))
-    records = [run(64), run(128), run(256), run(512, status="diverged")]
-    cal, rows = check_on_runs(records, [], RESNET18, 6000, 2, GLOO_LOOPBACK)
-    assert [name for name, _, _ in rows] == [f"1 process, batch {b}" for b in (64, 128, 256)]
-    assert abs(cal.step_s - 0.01) < 1e-9 and abs(cal.images_per_second - 1000) < 1e-6
-    for _, measured, predicted in rows:   # a line is predicted exactly by the other points
-        assert predicted == pytest.approx(measured, rel=1e-9)
 
 
 def test_half_speed_batch_interpolates_in_log2_of_the_batch():

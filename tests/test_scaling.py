@@ -11,7 +11,7 @@ from mgpu_lib.perf.runtime import Job, StepModel, gpu_band, step_seconds, worklo
 from mgpu_lib.perf.scaling import (DEVICES, LINKS, NO_P2P, RESNET18, LinkSpec, Overheads,
                                    allreduce_bytes, conv_peak_tflops, dp_python_s, loader_rate,
                                    pair_link, predict_epoch_time, predict_step_time,
-                                   ring_allreduce_s, scaling_efficiency, scaling_table,
+                                   ring_allreduce_s, scaling_efficiency,
                                    spec_for_name)
 
 K80 = DEVICES["K80 (one GK210 die)"]
@@ -89,9 +89,9 @@ def test_one_device_dp_equals_ddp():
 
 @pytest.mark.parametrize("strategy", ["dp", "ddp"])
 def test_efficiency_falls_as_devices_grow_at_fixed_global_batch(strategy):
-    key = f"{strategy}_eff"
-    rows = scaling_table(range(1, 17), K80, PCIE3, global_batch=256)
-    effs = [r[key] for r in rows]
+    t1 = predict_epoch_time(1, 256, 60_000, K80, PCIE3, strategy)
+    effs = [scaling_efficiency(t1, predict_epoch_time(n, 256, 60_000, K80, PCIE3, strategy), n)
+            for n in range(1, 17)]
     assert effs[0] == pytest.approx(1.0)
     assert all(b < a for a, b in zip(effs, effs[1:]))
     assert effs[-1] < 0.8
@@ -105,14 +105,6 @@ def test_dp_never_faster_than_ddp_for_two_or_more_devices():
                     dp = predict_step_time(n, batch, spec, link, "dp").total
                     ddp = predict_step_time(n, batch, spec, link, "ddp").total
                     assert dp > ddp, (spec.name, link.name, batch, n)
-
-
-def test_weak_scaling_keeps_the_per_device_batch():
-    rows = scaling_table([1, 2, 16], K80, PCIE3, per_device_batch=32)
-    assert [r["global_batch"] for r in rows] == [32, 64, 512]
-    assert all(r["per_device"] == 32 for r in rows)
-    with pytest.raises(ValueError):
-        scaling_table([1], K80, PCIE3, global_batch=256, per_device_batch=16)
 
 
 def test_epoch_time_counts_the_short_last_step():

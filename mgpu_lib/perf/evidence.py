@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from ..model import resnet18_flops, resnet18_params
 from .published import PublishedRun, pairs, runs
-from .scaling import (DEVICES, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
+from .scaling import (RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
                       loader_rate, pair_link, predict_epoch_time, spec_for_name)
 
 NUM_IMAGES = 60_000            # Fashion-MNIST's training set: the published runs' epoch
@@ -97,40 +97,6 @@ def calibrated_overheads(cal: Calibration) -> Overheads:
     (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
     return Overheads(efficiency=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0, tensor_s=0.0,
                      optimizer_passes=0.0)
-
-
-def check_on_runs(records: Sequence, ddp_runs: Sequence, workload: Workload, num_images: int,
-                  threads: int, link: LinkSpec) -> tuple[Calibration, list[tuple]]:
-    """Calibrate on the finished 1-process sweep `records` (seconds per step against batch),
-    then predict every batch by a fit that never saw it (leave one out), and every DDP run by
-    the full fit with each process at its share of the `threads`.
-
-    Returns the full calibration and [(configuration, measured s/epoch, predicted s/epoch)]."""
-    by_batch: dict = {}
-    for r in records:
-        if r.status == "ok":
-            by_batch.setdefault(r.config["batch_size"], []).append(r)
-    measured = [(b, statistics.fmean(r.sec_per_epoch / r.steps_per_epoch for r in rs))
-                for b, rs in sorted(by_batch.items())]
-    cal = calibrate(measured)
-
-    def epoch(n, batch, c, rate):
-        trained = num_images // batch * batch         # training drops the last partial batch
-        return predict_epoch_time(n, batch, trained, cpu_spec(c, "CPU", workload), link,
-                                  "ddp", images_per_second=rate,
-                                  overheads=calibrated_overheads(c), workload=workload)
-
-    rows = []
-    for b, _ in measured:
-        c = calibrate([m for m in measured if m[0] != b])
-        rows.append((f"1 process, batch {b}",
-                     statistics.fmean(r.sec_per_epoch for r in by_batch[b]),
-                     epoch(1, b, c, c.images_per_second)))
-    for r in ddp_runs:
-        rate = cal.images_per_second * r.extra.get("threads_per_process", 1) / threads
-        rows.append((f"DDP, {r.num_devices} gloo processes, batch {r.config['batch_size']}",
-                     r.sec_per_epoch, epoch(r.num_devices, r.config["batch_size"], cal, rate)))
-    return cal, rows
 
 
 @functools.lru_cache(maxsize=None)
@@ -357,30 +323,6 @@ def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
         s = one.sec_per_epoch / two.sec_per_epoch
         out.append(dict(run=one.run, gpu=one.gpu, published=s, predicted=p,
                         agree=(p > 1) == (s > 1)))
-    return out
-
-
-def unknown_hardware(f: Optional[Fit] = None, link: Optional[LinkSpec] = None) -> list[dict]:
-    """PyTorch runs that name no GPU: their 1- and 2-GPU seconds as a range over the GPUs with
-    a datasheet here that existed when the run was published (each across its efficiency band,
-    on `link`, default each GPU's own `pair_link`), and the GPUs whose range holds both."""
-    f = f or published_fit()
-    out = []
-    for one, two in pairs(runs("pytorch")):
-        if one.gpu is not None:
-            continue
-        rng = {}
-        year = int(one.date[:4]) if one.date else 9999
-        for spec in (s for s in DEVICES.values() if (s.released or 0) <= year):
-            rng[spec.name] = [sorted(row_seconds(r, spec, link or pair_link(spec),
-                                                 f.overheads(spec, c)) for c in (0, 2))
-                              for r in (one, two)]
-        lo1, hi1 = min(v[0][0] for v in rng.values()), max(v[0][1] for v in rng.values())
-        lo2, hi2 = min(v[1][0] for v in rng.values()), max(v[1][1] for v in rng.values())
-        fits = [k for k, ((a, b), (c, d)) in rng.items()
-                if a <= one.sec_per_epoch <= b and c <= two.sec_per_epoch <= d]
-        out.append(dict(run=one.run, published=(one.sec_per_epoch, two.sec_per_epoch),
-                        one_gpu=(lo1, hi1), two_gpus=(lo2, hi2), consistent=fits))
     return out
 
 

@@ -10,8 +10,8 @@ prediction its band. Two choices every predictor shares live here: the link betw
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -159,12 +159,6 @@ def _model_token(key: str) -> str:
     """The word of a datasheet key that names the chip: its first word holding a digit
     ("RTX 4090" -> "4090", "V100 SXM2" -> "V100"), so "RTX" alone matches nothing."""
     return next(w for w in key.split() if any(c.isdigit() for c in w))
-
-# Not a datasheet figure: gloo between processes on one machine goes through loopback TCP and
-# shared memory. An assumption for the CPU check, where the model is tiny and this hardly matters.
-GLOO_LOOPBACK = LinkSpec("gloo over loopback (assumed)", 2.0, 50e-6,
-                         "assumption: a few GB/s through the kernel's loopback, ~50 us a message")
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -354,36 +348,3 @@ def scaling_efficiency(t1: float, tn: float, n: int) -> float:
     return t1 / (n * tn)
 
 
-def scaling_table(ns: Sequence[int], spec: DeviceSpec, link: LinkSpec, *,
-                  global_batch: Optional[int] = None, per_device_batch: Optional[int] = None,
-                  num_images: int = 60_000, **kw) -> list[dict]:
-    """Seconds per epoch and efficiency for each n, DP and DDP, at a fixed global batch (strong
-    scaling) or a fixed per-device batch (weak scaling: global = n x per-device)."""
-    if (global_batch is None) == (per_device_batch is None):
-        raise ValueError("give exactly one of global_batch and per_device_batch")
-    rows = []
-    for n in ns:
-        gb = global_batch if global_batch is not None else per_device_batch * n
-        gb1 = global_batch if global_batch is not None else per_device_batch
-        row = dict(n=n, global_batch=gb, per_device=gb / n)
-        for s in ("dp", "ddp"):
-            t1 = predict_epoch_time(1, gb1, num_images, spec, link, s, **kw)
-            tn = predict_epoch_time(n, gb, num_images, spec, link, s, **kw)
-            row[f"{s}_s"], row[f"{s}_eff"] = tn, scaling_efficiency(t1, tn, n)
-        rows.append(row)
-    return rows
-
-
-def with_link_bandwidth(link: LinkSpec, gbs: float) -> LinkSpec:
-    """The same link at another bandwidth (e.g. what NCCL really reaches on a shared switch)."""
-    return replace(link, gbs=gbs, name=f"{link.name} at {gbs:g} GB/s")
-
-
-SCALING_COLUMNS = ("devices", "global batch", "per device", "DP s / epoch", "DP efficiency",
-                   "DDP s / epoch", "DDP efficiency")
-
-
-def scaling_rows(rows: Sequence[dict]) -> list[tuple]:
-    """`scaling_table` rows as table rows (columns: `SCALING_COLUMNS`)."""
-    return [(r["n"], r["global_batch"], round(r["per_device"]), round(r["dp_s"], 1),
-             f"{r['dp_eff']:.0%}", round(r["ddp_s"], 1), f"{r['ddp_eff']:.0%}") for r in rows]
