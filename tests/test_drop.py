@@ -1,5 +1,4 @@
 """The accuracy-drop experiment's parts (mgpu_lib.lab.drop), on a tiny scale."""
-import torch
 from torch import nn
 
 from mgpu_lib.chapter import chapter_init_weights, lazy_resnet18

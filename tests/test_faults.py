@@ -3,8 +3,6 @@ and what happens now. DDP jobs are tiny (width 4, 400 images, gloo on the CPU)."
 import _pickle
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import types
