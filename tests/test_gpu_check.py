@@ -190,6 +190,7 @@ def test_the_tool_and_the_pages_share_one_predictor():
         runtime.step_seconds(DEVICES["T4"], 256, check.profile.width))
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX (Windows has none)")
 def test_a_fifo_as_the_record_store_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """Before: a FIFO or a device passed the first check, and stage 1's append then raised a
     traceback (rc 1)."""

@@ -138,7 +138,8 @@ def test_setup_page_on_this_cpu_keeps_the_profile(monkeypatch):
     monkeypatch.setenv("MGPU_PROFILE", "cpu")
     monkeypatch.setattr(pages, "num_gpus", lambda: 0)
     profile, text = setup_page("05_ddp")
-    assert profile is CPU and text.count("\n") == 2 and "a 2-core CPU" in text
+    assert profile is CPU and text.count("\n") == 3 and "a 2-core CPU" in text
+    assert "\nlibrary: mgpu_lib " in text          # which library the page runs
 
 
 def test_the_readme_table_rows():

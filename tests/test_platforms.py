@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 # stands in for its macOS and Windows ones, which read no /proc.
 NOT_LINUX = textwrap.dedent("""
     import builtins, ctypes, io, os, pathlib, sys, sysconfig
-    import psutil
+    import psutil                       # before the blocks: psutil's Linux backend needs them
     sys.modules["fcntl"] = None
+    sys.modules["resource"] = None      # Windows has neither
+    del os.mkfifo                       # nor FIFOs
     # /proc and libc are taken from mgpu_lib's code only: torch and psutil have their own
     # per-platform branches (torch loads libc.so.6 on Linux only), which this cannot switch.
     STDLIB = sysconfig.get_paths()["stdlib"]
@@ -67,16 +69,22 @@ def _run(code: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_every_module_imports_and_a_page_sets_up_and_trains_without_linux():
-    """Before: `import mgpu_lib.book.pages` raised ModuleNotFoundError: fcntl (results.py)."""
+    """Before: `import mgpu_lib.book.pages` raised ModuleNotFoundError: fcntl (results.py);
+    then `python -m mgpu_lib` raised one for `resource` (bench.py, issue 32)."""
     run = _run("""
-        import importlib, pkgutil, mgpu_lib
+        import contextlib, importlib, io, pkgutil, mgpu_lib
+        from mgpu_lib.book.cli import main
+        with contextlib.redirect_stdout(io.StringIO()) as shown:
+            try:
+                main(["--help"])
+            except SystemExit as e:
+                assert e.code == 0 and "train" in shown.getvalue(), e.code
         names = [m.name for m in pkgutil.walk_packages(mgpu_lib.__path__, "mgpu_lib.")
                  if not m.name.endswith("__main__")]
         for name in names:
             importlib.import_module(name)
         from mgpu_lib.book.pages import setup_page
         profile, lines = setup_page("01_network")
-        from mgpu_lib.book.cli import main
         code = main(["train", "--profile", "smoke", "--epochs", "1", "--width", "4",
                      "--data-source", "synthetic"])
         print("modules", len(names), "profile", profile.name, "train", code)

@@ -1,11 +1,16 @@
-"""Stamp the book's repository, set once in `_config.yml`, into every notebook's setup cell.
+"""Stamp the book's repository, set once in `_config.yml`, and the version of mgpu_lib its
+pages were written for into every notebook's setup cell.
 
     python tools/set_repository.py                                 # _config.yml's URL
     python tools/set_repository.py https://github.com/you/fork     # set it there first
+    python tools/set_repository.py --ref 3e2b09a                   # a commit, not the tag
 
 The launch buttons (Colab, Kaggle, Binder) read `_config.yml` when the book is built; a notebook
 opened in Colab or Kaggle has no `_config.yml`, so its setup cell carries the URL it installs
-mgpu_lib from. tests/test_notebooks.py checks that every copy agrees with `_config.yml`.
+mgpu_lib from, and the git ref it installs (`REPO_REF`, by default the tag `v<version>` of the
+package's version in pyproject.toml: push that tag when the book is published), so that a reader
+who opens a page later gets the library the page was written for, not whatever `main` holds.
+tests/test_notebooks.py checks that every copy agrees with `_config.yml` and the version.
 
 All or nothing: the URL is checked (a GitHub owner and repository name), every file is read,
 parsed and checked writable first, and only then written, each through a temporary file
@@ -27,6 +32,9 @@ from mgpu_lib.book.cli import Parser
 ROOT = Path(__file__).resolve().parent.parent
 # The setup cell's line: REPO_URL = "https://github.com/..."  # _config.yml's repository
 REPO_LINE = re.compile(r'^REPO_URL = "[^"]*"', re.M)
+REF_LINE = re.compile(r'^REPO_REF = "[^"]*"', re.M)
+REF = re.compile(r"[\w][\w.+-]{0,99}")         # a tag, branch or commit: no spaces, no '..'
+VERSION = re.compile(r'^version = "([^"]+)"', re.M)
 # GitHub's rules: an owner is 1 to 39 letters, digits and single hyphens, not at either end; a
 # repository name is letters, digits, '.', '-' and '_', and never only dots ('.', '..').
 URL = re.compile(r"https://github\.com/(?P<owner>[A-Za-z0-9](?:-?[A-Za-z0-9]){0,38})/"
@@ -43,6 +51,20 @@ def check_url(url: str) -> str:
     if not m or len(m["owner"]) > 39:
         raise Refused(f"expected https://github.com/OWNER/REPO (GitHub's names), got {url!r}")
     return url
+
+
+def default_ref(root: Path) -> str:
+    """`v<version>`, the version in pyproject.toml."""
+    m = VERSION.search((root / "pyproject.toml").read_text(encoding="utf-8"))
+    if not m:
+        raise Refused("pyproject.toml names no version")
+    return f"v{m[1]}"
+
+
+def check_ref(ref: str) -> str:
+    if not REF.fullmatch(ref) or ".." in ref:
+        raise Refused(f"expected a git tag, branch or commit, got {ref!r}")
+    return ref
 
 
 def notebooks(root: Path) -> list[Path]:
@@ -70,30 +92,32 @@ def stamped_config(root: Path, url: str = "") -> tuple[str, str]:
     return text, check_url(str(named))
 
 
-def stamped_notebook(path: Path, url: str):
-    """`path`'s text with `url` in its setup cell, or None if it is stamped already."""
+def stamped_notebook(path: Path, url: str, ref: str):
+    """`path`'s text with `url` and `ref` in its setup cell, or None if it is stamped already."""
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as e:          # OSError, not UTF-8, not JSON, not a notebook
         raise Refused(f"{path}: cannot read it as a notebook ({type(e).__name__})") from None
     cell = next((c for c in nb.cells if c.cell_type == "code" and REPO_LINE.search(c.source)),
                 None)
-    if cell is None:
-        raise Refused(f"{path.name} has no REPO_URL line in a code cell")
+    if cell is None or not REF_LINE.search(cell.source):
+        raise Refused(f"{path.name} has no REPO_URL and REPO_REF lines in a code cell")
     source = REPO_LINE.sub(f'REPO_URL = "{url}"', cell.source, count=1)
+    source = REF_LINE.sub(f'REPO_REF = "{ref}"', source, count=1)
     if source == cell.source:
         return None
     cell.source = source
     return nbformat.writes(nb).rstrip("\n") + "\n"       # as nbformat.write ends a file
 
 
-def plan(root: Path, url: str = "") -> tuple[str, dict[Path, str]]:
+def plan(root: Path, url: str = "", ref: str = "") -> tuple[str, dict[Path, str]]:
     """The URL, and every file to write with its new text: all read and checked, none written."""
+    ref = check_ref(ref or default_ref(root))
     text, url = stamped_config(root, url and check_url(url))
     writes = {root / "_config.yml": text} if text != (root / "_config.yml").read_text(
         encoding="utf-8") else {}
     for path in notebooks(root):
-        new = stamped_notebook(path, url)
+        new = stamped_notebook(path, url, ref)
         if new is not None:
             writes[path] = new
     for path in writes:
@@ -126,9 +150,11 @@ def main(argv: list[str], root: Path = ROOT) -> int:
     p = Parser(prog="set_repository", description=__doc__.splitlines()[0])
     p.add_argument("url", nargs="?", default="",
                    help="https://github.com/OWNER/REPO, written to _config.yml first")
+    p.add_argument("--ref", default="",
+                   help="the git tag or commit the pages install (default: v<version>)")
     args = p.parse_args(argv)
     try:
-        url, writes = plan(root, args.url)
+        url, writes = plan(root, args.url, args.ref)
         write_all(writes)
     except Refused as e:
         print(f"set_repository: error: {e}", file=sys.stderr)

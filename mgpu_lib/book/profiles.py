@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..config import TrainConfig
+from ..training import code_version
 from ..devices import autocast_dtype, describe_devices, try_gpu
 
 
@@ -73,9 +74,13 @@ def active_profile() -> Profile:
 
 
 def banner(profile: Optional[Profile] = None) -> str:
-    """Two short lines for a notebook's setup cell: the profile; the hardware and the precision
-    the fast path picks on it."""
+    """Short lines for a notebook's setup cell: the profile; the hardware and the precision the
+    fast path picks on it; the mgpu_lib it runs (the version a Colab page installed)."""
     p = profile or active_profile()
     precision = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler"}.get(
         autocast_dtype(try_gpu()), "fp32")
-    return f"profile: {p.name} ({p.about})\nhardware: {describe_devices()}; {precision}"
+    version = code_version()
+    library = f"mgpu_lib {version['mgpu_lib'] or '(version unknown)'}" + (
+        f", git {version['git']}" if version["git"] else "")
+    return (f"profile: {p.name} ({p.about})\nhardware: {describe_devices()}; {precision}\n"
+            f"library: {library}")
