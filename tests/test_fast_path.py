@@ -1,5 +1,5 @@
-"""The fast path against the chapter's loop: same numbers, switches chosen safely, the bench,
-and the accuracy study's pairing."""
+"""The fast path against the chapter's loop: same numbers, switches chosen safely, and the
+bench."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib.book import accuracy
 from mgpu_lib.lab import bench
 from mgpu_lib.book import store as results
 from mgpu_lib import config as sw_mod
@@ -17,12 +16,10 @@ from mgpu_lib.book.cli import main
 from mgpu_lib.chapter import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.devices import cpu_bf16_support
-from mgpu_lib.book.plots import plot_accuracy_pairs
 from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
                                prepare_model, resolve_switches)
 from mgpu_lib.training import TrainConfig, make_model, make_step, train
 
-from helpers import make_result
 
 
 @pytest.fixture(scope="module")
@@ -218,53 +215,19 @@ def test_chapter_loader_visits_images_in_the_device_loaders_order():
                 assert torch.equal(yf, yr) and torch.allclose(xf, xr)
 
 
-def _run(seed, test, train_acc=0.9, fast=True, bf16=False):
-    switches = Switches(device_data=True, channels_last=True, bf16=bf16) if fast else REFERENCE
-    return make_result(2, config=dict(width=4, seed=seed, fast=fast), test_acc=[0.5, test],
-                       train_acc=[0.5, train_acc], extra={"switches": switches.to_dict()})
-
-
-def test_summarize_accuracy_pairs_each_fast_run_with_its_seeds_reference():
-    rows = accuracy.summarize_accuracy([
-        _run(0, 0.80, fast=False), _run(1, 0.84, fast=False),
-        _run(0, 0.82, 0.88, bf16=True), _run(1, 0.83, 0.86, bf16=True), _run(0, 0.75),
-        _run(7, 0.99, bf16=True)])                         # seed 7 has no reference: ignored
-    by_fast = {r["fast"]: r for r in rows}
-    assert set(by_fast) == {"device data, channels_last, bf16 autocast",
-                            "device data, channels_last, fp32"}
-    bf16 = by_fast["device data, channels_last, bf16 autocast"]
-    assert bf16["seeds"] == 2 and len(bf16["records"]) == 2 and bf16["bf16"] is True
-    assert by_fast["device data, channels_last, fp32"]["bf16"] is False
-    assert bf16["reference_mean"] == pytest.approx(0.82) and bf16["fast_mean"] == pytest.approx(0.825)
-    assert bf16["gap_mean_points"] == pytest.approx(0.5)
-    assert bf16["gap_se_points"] == pytest.approx(1.5)        # stdev(2, -1) / sqrt(2)
-    assert bf16["train_gap_mean_points"] == pytest.approx(-3.0)
-    assert by_fast["device data, channels_last, fp32"]["gap_mean_points"] == pytest.approx(-5.0)
-
-
-def test_paired_fast_gap_matches_seeds():
-    refs = [_run(s, 0.8, fast=False) for s in (0, 1, 2)]
-    groups = accuracy.pairs(refs + [_run(0, 0.80), _run(1, 0.90), _run(1, 0.86, bf16=True),
-                                    _run(0, 0.82, bf16=True), _run(2, 0.10, bf16=True)])
-    fp32 = groups["device data, channels_last, fp32"]
-    bf16 = groups["device data, channels_last, bf16 autocast"]
-    gap = accuracy.paired_fast_gap(fp32, bf16)               # seed 2: no fp32 partner
-    assert gap["seeds"] == 2 and gap["mean_points"] == pytest.approx(-1.0)   # (+2 - 4) / 2
-    assert gap["se_points"] == pytest.approx(3.0)            # stdev(2, -4) / sqrt(2)
-    assert accuracy.paired_fast_gap([], bf16)["seeds"] == 0
-
-
-def test_plot_accuracy_pairs_draws_each_seed_and_the_means():
-    import matplotlib
-    matplotlib.use("Agg")
-    recs = [{"seed": s, "reference": {"test_acc": [r]}, "fast": {"test_acc": [f]}}
-            for s, r, f in ((0, 0.80, 0.84), (1, 0.86, 0.82))]
-    fig = plot_accuracy_pairs(recs)
-    ax = fig.axes[0]
-    means = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--")
-    assert means == pytest.approx([0.83, 0.83])
-    points = [line for line in ax.get_lines() if line.get_marker() == "o"]
-    assert [list(p.get_ydata()) for p in points] == [[0.80, 0.86], [0.84, 0.82]]
+@pytest.mark.parametrize("name, bf16, fp16, peak", [
+    ("NVIDIA A100-SXM4-80GB", False, False, 156.0),   # fp32 convolutions in TF32, not 19.5
+    ("NVIDIA A100-SXM4-80GB", True, False, 312.0),    # bf16 on the tensor cores
+    ("Tesla T4", False, True, 65.0),                  # fp16 autocast: the fp16 tensor cores
+    ("Tesla T4", True, False, 8.1),                   # no bf16 tensor cores: the FP32 peak
+    ("Tesla V100-SXM2-16GB", False, False, 15.7),     # before Ampere: no TF32
+])
+def test_peak_tflops_is_the_peak_the_loop_runs_at(monkeypatch, name, bf16, fp16, peak):
+    """The bench's share of peak is taken against the peak its convolutions run at
+    (`scaling.conv_peak_tflops` for fp32), not the FP32 cores' on every GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert bench.peak_tflops(torch.device("cuda"), bf16, fp16) == pytest.approx(peak)
+    assert bench.peak_tflops("cpu", bf16, fp16) is None
 
 
 def test_norm_fp32_keeps_batchnorm_in_fp32_under_bf16():

@@ -47,9 +47,14 @@ def test_a_figure_from_synthetic_runs_says_so_on_the_axes():
     import matplotlib
     matplotlib.use("Agg")
     from types import SimpleNamespace
-    from mgpu_lib.book.plots import plot_curves
-    from mgpu_lib.book.style import SYNTHETIC
+    import matplotlib.pyplot as plt
+    from mgpu_lib.book.style import SYNTHETIC, mark_synthetic
     run = lambda src: SimpleNamespace(test_acc=[0.5, 0.6], data_source=src)
-    texts = lambda ax: [t.get_text() for t in ax.texts]
-    assert SYNTHETIC not in texts(plot_curves([run("local")], ["a"]))
-    assert SYNTHETIC in texts(plot_curves([run("local"), run("synthetic")], ["a", "b"]))
+
+    def texts(runs):
+        _, ax = plt.subplots()
+        mark_synthetic(ax, runs)
+        return [t.get_text() for t in ax.texts]
+    assert SYNTHETIC not in texts([run("local")])
+    assert SYNTHETIC in texts([run("local"), run("synthetic")])
+    plt.close("all")

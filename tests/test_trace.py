@@ -1,5 +1,5 @@
-"""The traced DDP run: reading a profiler trace, the overlap it measures, the figures drawn from
-stored events, and (slow) two real gloo processes with several buckets, one, and no_sync."""
+"""The traced DDP run: reading a profiler trace, the overlap it measures, the stored events
+(page 05 draws from them), and (slow) two real gloo processes with several buckets, one, and no_sync."""
 import contextlib
 import errno
 import inspect
@@ -23,7 +23,6 @@ from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_s
 from mgpu_lib.lab.launcher import LaunchError
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import get_profile
-from mgpu_lib.book.timeline import draw_overlap, draw_timelines
 from mgpu_lib.lab.trace import summary_lines
 from mgpu_lib.lab.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace_ddp
 from mgpu_lib.training import TrainConfig
@@ -139,11 +138,7 @@ def synthetic_run(tmp_path) -> TraceRun:
     return TraceRun("2 x gloo on a test", "smoke", 2, "gloo", 8, 32, 1.0, ranks)
 
 
-def test_figures_draw_from_stored_events_without_running_anything(tmp_path, monkeypatch):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def test_stored_events_read_back_without_running_anything(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a figure tried to run something")
     monkeypatch.setattr(trace_mod, "run_ranks", refuse)
@@ -152,14 +147,11 @@ def test_figures_draw_from_stored_events_without_running_anything(tmp_path, monk
     path = save_events(synthetic_run(tmp_path), tmp_path / "events.json")
     run = load_events(path)
     assert run.variants == ["small", "one"] and isinstance(run.ranks[0].events[0], Event)
-    fig = draw_timelines(run)
-    bars = [c for ax in fig.axes for c in ax.collections]
-    assert len(fig.axes) == 2 and len(bars) >= 2 * 2 * 4      # variants x ranks x kinds
-    ax = draw_overlap(run)
-    assert [round(p.get_width()) for p in ax.patches] == [50, 0, 100, 100]
+    assert {e.kind for r in run.ranks for e in r.events} >= {"forward", "backward",
+                                                               "allreduce", "optimizer"}
     rows = overlap_rows(run)
-    assert rows[0][6] == 50 and rows[1][6] == 0 and "50% of it hidden" in summary_lines(run)[1]
-    plt.close("all")
+    assert [(r[6], r[7]) for r in rows] == [(50, 100), (0, 100)]     # measured, model
+    assert "50% of it hidden" in summary_lines(run)[1]
 
 
 def test_mean_overlap_averages_the_ranks():

@@ -146,9 +146,11 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
             jobs.append(replace(_run("one run, all GPUs", p, batch=p.batch_size * gpus),
                                 devices=gpus))
         return jobs
-    if page == "05_ddp":
-        processes = ddp_process_counts(p.batch_size, gpus)
-        return [_run("DataParallel", p)] + [_run(f"DDP, {k} process(es)", p) for k in processes]
+    if page == "05_ddp":          # at most 3 epochs each; the trace: 3 variants x 4 steps
+        epochs, most = min(3, p.num_epochs), max(ddp_process_counts(p.batch_size, gpus))
+        return [_run("DataParallel", p, epochs=epochs),
+                _run(f"DDP, {most} process(es)", p, epochs=epochs),
+                Job("the trace, 3 variants", 3, p.width, p.batch_size, steps=4)]
     if page == "06_performance":
         modes = 7 if gpus else 6         # at most: `bench.ablation_modes` with native bf16
         return [Job("the chapter's loop, then each switch", modes, p.width, p.batch_size,
@@ -166,8 +168,8 @@ PAGES = ("01_network", "02_devices", "03_dataparallel", "04_summary", "05_ddp",
 
 
 def ddp_process_counts(global_batch: int, gpus: int) -> list[int]:
-    """The DDP runs page 04 makes: 1 process, and the most (up to the GPUs, or 2 gloo
-    processes without one) that split the batch evenly."""
+    """1 process, and the most (up to the GPUs, or 2 gloo processes without one) that split
+    the batch evenly; page 05 runs DDP with the most."""
     most = max(k for k in range(1, (gpus or 2) + 1) if global_batch % k == 0)
     return sorted({1, most})
 

@@ -26,20 +26,24 @@ from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
 from ..model import resnet18, train_flops
-from ..perf.scaling import spec_for_name
+from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
 
 
-def peak_tflops(device, bf16: bool) -> Optional[float]:
-    """The device's datasheet peak (bf16 tensor or fp32) from `scaling.DEVICES`; None if unknown."""
+def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
+    """The datasheet peak (`scaling.DEVICES`) a loop's convolutions run at on `device`: the
+    tensor cores' under bf16 (where they do bf16) or fp16 autocast, else the fp32 loop's
+    (`conv_peak_tflops`: TF32 from Ampere on, FP32 before); None for a device with no datasheet."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     spec = spec_for_name(torch.cuda.get_device_name(device))
     if spec is None:
         return None
-    return spec.tensor_tflops if bf16 and spec.tensor_dtype == "bf16" else spec.fp32_tflops
+    if (bf16 and spec.tensor_dtype == "bf16") or (fp16 and spec.tensor_tflops):
+        return spec.tensor_tflops
+    return conv_peak_tflops(spec)
 
 
 def add_tflops(modes: dict, width: int, device) -> float:
@@ -49,7 +53,8 @@ def add_tflops(modes: dict, width: int, device) -> float:
     flops = train_flops(resnet18(width=width))
     for m in modes.values():
         m["tflops"] = m["median"] * flops / 1e12
-        m["peak_tflops"] = peak_tflops(device, m["switches"]["bf16"])
+        sw = m["switches"]
+        m["peak_tflops"] = peak_tflops(device, sw["bf16"], sw.get("fp16", False))
         m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
                                 if m["peak_tflops"] else None)
     return flops
@@ -212,18 +217,7 @@ def format_bench(result: dict) -> list:
     return lines
 
 
-BENCH_COLUMNS = ("width", "fast loop", "chapter's, img/s", "fast, img/s", "speedup",
-                 "CPU bf16", "chapter's loop")
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
-
-
-def bench_row(result: dict) -> tuple:
-    """One `bench` result as a table row (columns: `BENCH_COLUMNS`)."""
-    fast, ref = result["modes"]["fast"], result["modes"]["reference"]
-    describe = fast["describe"].replace("device data, ", "")
-    return (result["width"], describe, round(ref["median"], 1), round(fast["median"], 1),
-            f"{result['ratio']:.2f}x", result["cpu_bf16"] if result["device"] == "cpu" else "",
-            result["chapter_loop"])
 
 
 def ablation_modes(fast: Switches, device) -> dict:
@@ -243,14 +237,3 @@ def ablation_modes(fast: Switches, device) -> dict:
         modes["+ cudnn.benchmark"] = replace(base, cudnn_benchmark=True)
     modes["fast ('auto' switches)"] = fast
     return modes
-
-
-ABLATION_COLUMNS = ("loop", "images/s", "vs the chapter's loop")
-
-
-def ablation_rows(measured: dict) -> list[tuple]:
-    """`measure`'s result as table rows (columns: `ABLATION_COLUMNS`); the first row is the
-    baseline."""
-    base = next(iter(measured.values()))["median"]
-    return [(name, round(m["median"], 1), f"{m['median'] / base:.2f}x")
-            for name, m in measured.items()]
