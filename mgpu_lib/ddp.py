@@ -272,7 +272,7 @@ def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume, 
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     result = TrainResult.create(
-        config, hardware=f"DDP, {world} x {backend} process(es) on "
+        config, hardware=f"DDP, {world} {backend} process{'es' if world > 1 else ''}, each on "
         f"{describe_devices([device])}", num_devices=world, data_source=train_iter.source,
         steps_per_epoch=len(train_iter),
         extra={"strategy": "ddp", "world_size": world, "backend": backend,

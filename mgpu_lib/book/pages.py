@@ -149,7 +149,7 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     if page == "05_ddp":          # at most 3 epochs each; the trace: 3 variants x 4 steps
         epochs, most = min(3, p.num_epochs), max(ddp_process_counts(p.batch_size, gpus))
         return [_run("DataParallel", p, epochs=epochs),
-                _run(f"DDP, {most} process(es)", p, epochs=epochs),
+                _run(f"DDP, {most} process{'es' if most > 1 else ''}", p, epochs=epochs),
                 Job("the trace, 3 variants", 3, p.width, p.batch_size, steps=4)]
     if page == "06_performance":
         modes = 7 if gpus else 6         # at most: `bench.ablation_modes` with native bf16

@@ -130,8 +130,8 @@ def _trace_variant(config: TrainConfig, variant: Variant, rank: int, device, loc
     meta = dict(variant=variant.name, rank=rank, num_buckets=len(str(sizes).split(",")),
                 bucket_cap_mb=variant.bucket_cap_mb, accumulate=variant.accumulate,
                 profile=config.profile, width=config.width, batch_size=config.batch_size,
-                hardware=f"{dist.get_world_size()} x {dist.get_backend()} process(es) on "
-                         f"{describe_devices([device])}")
+                hardware=describe_devices([device]), world_size=dist.get_world_size(),
+                backend=dist.get_backend())
     _save(prof, meta, out / _folder(variant) / f"rank{rank}.json", scratch)
 
 
@@ -202,7 +202,8 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     # the hardware as rank 0 saw it: its share of the threads, not this process's
     meta = json.loads((out / _folder(variants[0]) / "rank0.json").read_text(
         encoding="utf-8"))["otherData"]
-    run = TraceRun(f"{nprocs} x {backend} process(es), each on {meta['mgpu']['hardware']}",
+    noun = "process" if nprocs == 1 else "processes"
+    run = TraceRun(f"{nprocs} {backend} {noun}, each on {meta['mgpu']['hardware']}",
                    config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
     run.ranks = [read_trace(out / _folder(v) / f"rank{r}.json", v.name, r)
