@@ -435,8 +435,8 @@ def test_execute_notebook_refuses_bad_input_in_one_line(tmp_path, capsys, monkey
 @pytest.fixture
 def book(tmp_path):
     """A copy of the config and three notebooks: what set_repository stamps."""
-    for rel in ("_config.yml", "chapters/01_network.ipynb", "chapters/02_devices.ipynb",
-                "exercises/ex2_cpu_gpu_split.ipynb"):
+    for rel in ("_config.yml", "pyproject.toml", "chapters/01_network.ipynb",
+                "chapters/02_devices.ipynb", "exercises/ex2_cpu_gpu_split.ipynb"):
         (tmp_path / rel).parent.mkdir(exist_ok=True)
         (tmp_path / rel).write_bytes((REPO / rel).read_bytes())
     return tmp_path
@@ -444,6 +444,25 @@ def book(tmp_path):
 
 def files(root: Path) -> dict:
     return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_set_repository_stamps_the_ref_the_pages_install(book, capsys):
+    """Issue 32: a page installs the library it was written for, not whatever main holds:
+    REPO_REF defaults to v<version>; another ref is stamped on request, a bad one refused."""
+    tool = load_tool("set_repository")
+
+    def setup_cell() -> str:
+        nb = nbformat.read(book / "chapters" / "01_network.ipynb", as_version=4)
+        return next(c.source for c in nb.cells if c.cell_type == "code")
+
+    assert tool.main(["--ref", "0123abc"], root=book) == 0
+    assert 'REPO_REF = "0123abc"' in setup_cell()
+    assert tool.main([], root=book) == 0
+    version = tool.default_ref(book)
+    assert version.startswith("v") and f'REPO_REF = "{version}"' in setup_cell()
+    before = files(book)
+    assert tool.main(["--ref", "../main"], root=book) == 2
+    assert files(book) == before and "expected a git tag" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fault", ["not json", "read-only", "bad url"])

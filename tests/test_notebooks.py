@@ -40,6 +40,10 @@ def test_title_and_setup_cell(path):
     repo_url, branch = config["repository"]["url"], config["repository"]["branch"]
     assert f'REPO_URL = "{repo_url}"' in setup.source, \
         "setup cell must install from _config.yml's URL: run tools/set_repository.py"
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(
+        encoding="utf-8"), re.M)[1]
+    assert f'REPO_REF = "v{version}"' in setup.source and "@{REPO_REF}" in setup.source, \
+        "setup cell must install the version the page was written for: tools/set_repository.py"
     assert "google.colab" in setup.source and "KAGGLE_KERNEL_RUN_TYPE" in setup.source
     # The launch links follow the same setting: the theme's Colab link, and Kaggle's from it.
     where = f"{repo_url.removeprefix('https://github.com/')}/blob/{branch}/{path.relative_to(ROOT)}"
