@@ -105,8 +105,8 @@ class Verdict:
 
 def decide(mean: float, se: float, names: tuple[str, str], n: int,
            lower_is_better: bool = False, dof: float | None = None) -> str:
-    """The rule itself: the words for a mean difference A - B, its standard error, and the
-    t distribution's degrees of freedom (default n - 1, the paired case)."""
+    """The rule itself: the words for a mean difference A - B, its standard error,
+    and the t distribution's degrees of freedom (default n - 1, the paired case)."""
     if n < 2 or math.isnan(se):
         return f"one seed: {APART}" if n == 1 else f"no seeds: {APART}"
     if abs(mean) <= t_critical(n - 1 if dof is None else dof) * se:
