@@ -14,7 +14,7 @@ import sys
 from mgpu_lib.book.cli import Parser, argtype
 from mgpu_lib.book.store import append, check_writable, read
 from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
-from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
+from mgpu_lib.lab.drop import CONDITIONS, EXTRA, KIND, run_seed
 
 
 def seeds(text: str) -> list[int]:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     unknown = set(conditions) - set(CONDITIONS + EXTRA)
     if unknown:
         p.error(f"unknown condition(s) {', '.join(sorted(unknown))}")
-    out = check_writable(args.out, store=True)
+    out = check_writable(args.out, store=True, kind=KIND)
     for seed in args.seeds:
         done = {r.get("condition") for r in read(out) if r["config"]["seed"] == seed}
         todo = [c for c in conditions if c not in done]

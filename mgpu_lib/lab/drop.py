@@ -37,6 +37,7 @@ from ..training import record_header
 
 CONDITIONS = ("first", "reused", "fresh", "fresh_small")
 EXTRA = ("first_large",)
+KIND = "drop"       # a store of these holds nothing else (`book.store.record_kind`)
 
 
 def reset_like_mxnet(net: nn.Module) -> nn.Module:
@@ -78,7 +79,7 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
         out = train(net, used, train_iter, test_iter, scale * lr, num_epochs)
         config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
         rec = {**record_header(hardware=describe_devices(used), profile=None, config=config),
-               "condition": condition, "data_source": train_iter.source, **out}
+               "kind": KIND, "condition": condition, "data_source": train_iter.source, **out}
         if log is not None:
             log(f"seed {seed}, {condition}: test acc " +
                 " ".join(f"{a:.3f}" for a in out["test_acc"]))
