@@ -1,4 +1,4 @@
-"""Plots: a live training plot for notebooks, and figures several pages share.
+"""A live training plot for notebooks, redrawn as each epoch ends.
 
 Plots read results (`TrainResult`, records); nothing is ever read back out of a plot. They all
 use the book's style (`style.py`): legends below the data, whole-number ticks for epochs and
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .store import mean_std_se
 from .style import integer_ticks, legend_below, mark_synthetic, title as set_title
 
 
@@ -59,19 +58,6 @@ class LivePlot:
             self.handle = display(self.fig, display_id=True)
         else:
             self.handle.update(self.fig)
-
-
-def plot_mean_std(xs: Sequence, groups: Sequence[Sequence[float]], *, label: str,
-                  ax=None, fmt: str = "o-", color: Optional[str] = None):
-    """Mean and sample standard deviation of each group of values, as points with error bars."""
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
-    means, stds, _ = zip(*(mean_std_se(g) for g in groups))
-    ax.errorbar(xs, means, yerr=_clipped(means, stds), fmt=fmt, capsize=4, label=label,
-                color=color)
-    integer_ticks(ax.xaxis)
-    return ax
 
 
 def _clipped(means: Sequence[float], stds: Sequence[float], lo: float = 0.0, hi: float = 1.0):
