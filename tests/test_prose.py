@@ -184,3 +184,22 @@ def test_a_pasted_key_nobody_glues_is_caught(tmp_path):
                 nbformat.v4.new_markdown_cell("{glue:text}`d2l_s1:.1f`")]
     nbformat.write(nb, tmp_path / "p.ipynb")
     assert [m.split(": ")[1] for m in unglued(tmp_path / "p.ipynb", tmp_path)] == ["'ac'"]
+
+
+UNDECIDED_AS_NONE = re.compile(r"\bno (effect|difference)\b|ahead(:| by) -", re.I)
+
+
+def test_an_undecided_verdict_is_never_read_as_no_effect():
+    """Issue 31: "cannot be told apart" never becomes "no effect" or "no difference", and a
+    winner's margin is never negative ("ahead: -"), in the prose or in anything a cell glues
+    or prints. (A sentence that names the phrase to rule it out quotes it.)"""
+    found = []
+    for path in pages():
+        texts = [text for _, text in cells(path)]
+        if path.suffix == ".ipynb":
+            texts += [str(out) for c in nbformat.read(path, as_version=4).cells
+                      if c.cell_type == "code" for out in c.outputs]
+        for text in texts:
+            found += [f"{path.name}: {m.group(0)!r}" for m in UNDECIDED_AS_NONE.finditer(
+                text.replace('"no effect"', "").replace("“no effect”", ""))]
+    assert not found, found
