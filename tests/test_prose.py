@@ -203,3 +203,44 @@ def test_an_undecided_verdict_is_never_read_as_no_effect():
             found += [f"{path.name}: {m.group(0)!r}" for m in UNDECIDED_AS_NONE.finditer(
                 text.replace('"no effect"', "").replace("“no effect”", ""))]
     assert not found, found
+
+
+GLOSSARY = ROOT / "appendix" / "glossary.md"
+TERM_ROLE = re.compile(r"\{term\}`(?:[^`<]*<)?([^`>]+)>?`")
+# What a reader does not see as prose, or sees as a link already: never a term's first use.
+PROTECTED = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$\n]+\$|\{[\w:.-]+\}`[^`]*`|`[^`\n]*`"
+                       r"|\[[^\]]*\]\([^)]*\)|<!--.*?-->|https?://\S+|^#.*$|^\(.*\)=$"
+                       r"|^>.*$", re.S | re.M)        # a quotation is the source's words
+
+
+def glossary_terms() -> list[str]:
+    text = GLOSSARY.read_text(encoding="utf-8")
+    block = text[text.index("```{glossary}"):]
+    return [line for line in block.splitlines()[1:] if line and not line.startswith((" ", "`"))]
+
+
+def first_uses(text: str, terms: list[str]) -> dict[str, tuple[int, bool]]:
+    """{term: (position, linked)} of each term's first use in `text`: linked when that use is
+    a {term} role, plain when it is prose outside code, math, links and headings."""
+    found = {}
+    for m in TERM_ROLE.finditer(text):
+        found.setdefault(m.group(1).strip().lower(), (m.start(), True))
+    plain = PROTECTED.sub(lambda m: " " * len(m.group(0)), text)
+    for term in terms:
+        m = re.search(rf"(?<![\w-]){re.escape(term)}(?:s|es)?(?![\w-])", plain, re.I)
+        if m and (term.lower() not in found or m.start() < found[term.lower()][0]):
+            found[term.lower()] = (m.start(), False)
+    return found
+
+
+def test_each_glossary_term_is_linked_where_a_page_first_uses_it():
+    """Issue 31: a term's first use on each page links the glossary through {term}."""
+    terms = [t for t in glossary_terms() if t != "MB and MiB"]
+    unlinked = []
+    for path in pages():
+        if path.parent.name == "appendix":
+            continue
+        text = "\n\n".join(t for _, t in cells(path)[1:])       # after the title
+        unlinked += [f"{path.name}: {term}" for term, (_, linked) in
+                     first_uses(text, terms).items() if not linked]
+    assert not unlinked, unlinked
