@@ -209,8 +209,8 @@ GLOSSARY = ROOT / "appendix" / "glossary.md"
 TERM_ROLE = re.compile(r"\{term\}`(?:[^`<]*<)?([^`>]+)>?`")
 # What a reader does not see as prose, or sees as a link already: never a term's first use.
 PROTECTED = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$\n]+\$|\{[\w:.-]+\}`[^`]*`|`[^`\n]*`"
-                       r"|\[[^\]]*\]\([^)]*\)|<!--.*?-->|https?://\S+|^#.*$|^\(.*\)=$"
-                       r"|^>.*$", re.S | re.M)        # a quotation is the source's words
+                       r"|\[[^\]]*\]\([^)]*\)|<!--.*?-->|https?://\S+|^#[^\n]*$|^\([^\n]*\)=$"
+                       r"|^>[^\n]*$", re.S | re.M)   # a quotation is the source's words
 
 
 def glossary_terms() -> list[str]:
