@@ -354,8 +354,8 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
             (default: the chapter's plain SGD at `config.lr`).
         extra: more entries for the result's `extra` (e.g. the schedule's settings).
     Returns:
-        A `TrainResult`; `result.summary()` is the chapter's line. A NaN, inf or huge
-        loss stops the run with status "diverged".
+        A `TrainResult`; `result.summary()` is the chapter's line. A loss that is not
+        finite, or is huge, stops the run with status "diverged".
     """
     devices = resolve_devices(config.devices)
     switches = resolve_switches(config, devices[0])

@@ -137,6 +137,8 @@ FAULTS = [
     ("figure without a number", FIGURE.format(number=""), "<figure", "unnumbered caption: 'Throughput"),
     ("table without a numbered caption", cell("Table(...)", OUTPUT_TABLE.format(caption="")),
      "<table", "table without a numbered caption: 'lr | acc'"),
+    ("directive shown as text", '<pre><code>```{table} d2l\'s `train` against ours\n</code></pre>',
+     "{table}", "directive shown as text: "),
     ("figure without a caption",
      '<figure class="align-default">\n<img alt="p" src="../_images/plot.png" />\n</figure>',
      "<figure", "no caption: '../_images/plot.png'"),

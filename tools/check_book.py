@@ -89,6 +89,16 @@ def harness_text(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
             for n, line in _text_lines(_content(soup)) if HARNESS.search(line)]
 
 
+RAW_DIRECTIVE = re.compile(r"(```|:::)\{[\w-]+\}")
+
+
+def raw_directives(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """A MyST directive that did not parse and reaches the reader as its source text (a fence
+    whose title holds backticks, say)."""
+    return [f"{page}:{n}: directive shown as text: {_quote(line)}"
+            for n, line in _text_lines(_content(soup)) if RAW_DIRECTIVE.search(line)]
+
+
 def wide_output_lines(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
     """Cell-output lines (stream, text/plain, stderr) wider than the column."""
     return [f"{page}:{n}: output line {len(line)} chars: {_quote(line)}"
@@ -199,7 +209,7 @@ def unnumbered_tables(soup: BeautifulSoup, page: str, build_root: Path) -> list[
     return problems
 
 
-RULES: list[Rule] = [harness_text, wide_output_lines, wide_code_lines, missing_images,
+RULES: list[Rule] = [harness_text, raw_directives, wide_output_lines, wide_code_lines, missing_images,
                      widget_reprs, launch_button, broken_links, unnumbered_figures,
                      unnumbered_tables]
 
