@@ -114,7 +114,8 @@ def build(tmp_path: Path) -> Path:
 
 
 def test_clean_pages_have_no_problems(build: Path):
-    write_page(build, "prose", "<p>Only prose.</p>", launch=False, source=".md")
+    write_page(build, "prose", '<div class="admonition tip">\n<p class="admonition-title">In short</p>\n'
+               "<p>" + "word " * 120 + "</p>\n</div>", launch=False, source=".md")
     assert check_book.check_build(build) == []
     assert check_book.main(["check_book", str(build)]) == 0
 
@@ -139,6 +140,9 @@ FAULTS = [
      "<table", "table without a numbered caption: 'lr | acc'"),
     ("directive shown as text", '<pre><code>```{table} d2l\'s `train` against ours\n</code></pre>',
      "{table}", "directive shown as text: "),
+    ("long short answer",
+     '<div class="admonition tip">\n<p class="admonition-title">In short</p>\n<p>'
+     + "word " * 121 + "</p>\n</div>", 'class="admonition tip"', "'In short' box of 121 words"),
     ("figure without a caption",
      '<figure class="align-default">\n<img alt="p" src="../_images/plot.png" />\n</figure>',
      "<figure", "no caption: '../_images/plot.png'"),

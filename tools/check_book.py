@@ -18,6 +18,8 @@ One function per rule, each ``(soup, page, build_root) -> list[str]``:
 - ``unnumbered_figures``: every ``<figure>`` / ``div.figure`` has a caption numbered "Fig. N".
   Plot images that a cell outputs without a figure directive are not figures; only their
   files are checked (by ``missing_images``);
+- ``long_short_answer``: a page's "In short" box (the answer a learner reads first) holds at
+  most SHORT_ANSWER_WORDS words, glued numbers included;
 - ``unnumbered_tables``: every table a cell outputs (``mgpu_lib.book.tables.Table``) has a caption
   numbered "Table N" (the book's ``_ext/numbering.py`` makes one from the Table's caption).
 
@@ -44,6 +46,7 @@ LAUNCH_HOSTS = ("https://colab.research.google.com/", "https://mybinder.org/")
 FIG_NUMBER = re.compile(r"^\s*(Fig(ure)?\.?)\s*(E\d+\.)?\d")  # E1.3: the exercises' own
 TABLE_NUMBER = re.compile(r"^\s*Table\s*(E\d+\.)?\d")
 OUTPUTS = "div.cell_output, .output"
+SHORT_ANSWER_WORDS = 120  # issue 31: the answer on the first screen, in at most 120 words
 
 Rule = Callable[[BeautifulSoup, str, Path], "list[str]"]
 
@@ -209,9 +212,23 @@ def unnumbered_tables(soup: BeautifulSoup, page: str, build_root: Path) -> list[
     return problems
 
 
+def long_short_answer(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """An "In short" admonition longer than SHORT_ANSWER_WORDS words (its title not counted)."""
+    problems = []
+    for box in _content(soup).select("div.admonition"):
+        title = box.select_one(".admonition-title")
+        if title is None or title.get_text(strip=True) != "In short":
+            continue
+        words = len(box.get_text().split()) - len(title.get_text().split())
+        if words > SHORT_ANSWER_WORDS:
+            problems.append(f"{page}:{box.sourceline}: 'In short' box of {words} words "
+                            f"(at most {SHORT_ANSWER_WORDS}): {_quote(box.get_text(' '))}")
+    return problems
+
+
 RULES: list[Rule] = [harness_text, raw_directives, wide_output_lines, wide_code_lines, missing_images,
                      widget_reprs, launch_button, broken_links, unnumbered_figures,
-                     unnumbered_tables]
+                     unnumbered_tables, long_short_answer]
 
 
 def check_page(path: Path, build_root: Path) -> list[str]:
