@@ -20,7 +20,7 @@ import io
 import json
 import os
 import sys
-from contextlib import redirect_stdout
+from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -59,24 +59,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_config_flags(p: argparse.ArgumentParser, config=TrainConfig) -> None:
-    """One flag per declared field of `config` (`settings.setting`): its name, help and check.
-    A flag left out keeps the profile's value; a true/false flag alone means true."""
-    for f in on_cli(config):
-        on_off = f.metadata["check"] is FLAG
-        p.add_argument(flag_name(f), dest=f.name, type=argtype(f.metadata["check"]),
-                       nargs="?" if on_off else None, const=True if on_off else None,
-                       metavar=f.metadata["check"].metavar, help=f.metadata["help"])
+def build_parser(config=TrainConfig) -> Parser:
+    """The command line; every `config` field declared with `settings.setting` is a flag of
+    train, sweep and worker, and a key of --vary."""
+    parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
+    parser.set_defaults(config_class=config)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
+    def command(name: str, text: str, trains: bool = False,
+                out: str = "write the TrainResult JSON here") -> argparse.ArgumentParser:
+        """A subcommand; one that `trains` has a flag per setting of `config` (its name, help
+        and check), then --profile and --out. A flag left out keeps the profile's value; a
+        true/false flag alone means true."""
+        p = sub.add_parser(name, help=text)
+        for f in on_cli(config) if trains else []:
+            on_off = f.metadata["check"] is FLAG
+            p.add_argument(flag_name(f), dest=f.name, type=argtype(f.metadata["check"]),
+                           nargs="?" if on_off else None, const=True if on_off else None,
+                           metavar=f.metadata["check"].metavar, help=f.metadata["help"])
+        if trains:
+            p.add_argument("--profile",
+                           help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
+            p.add_argument("--out", help=out)
+        return p
 
-def add_train_args(p: argparse.ArgumentParser, config=TrainConfig,
-                   out_help: str = "write the TrainResult JSON here") -> None:
-    add_config_flags(p, config)
-    p.add_argument("--profile", help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--out", help=out_help)
-
-
-def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    p = command("train", "train the chapter's ResNet-18", trains=True)
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
@@ -88,23 +95,66 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
+    p = command("sweep", "resumable hyperparameter sweep into a JSON store", trains=True,
+                out=argparse.SUPPRESS)                  # refused: records go to --store
+    p.add_argument("--vary", type=vary_type(config), action="append", required=True,
+                   help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
+                        f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
+                        "DataParallel)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--store", required=True,
+                   help="JSON Lines store: read, then one record appended per new point")
+    p.add_argument("--yes", action="store_true",
+                   help=f"train a sweep of more than {SWEEP_CAP} points or predicted to take "
+                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise; above "
+                        f"{MAX_POINTS:,} points always)")
 
-def build_parser(config=TrainConfig) -> Parser:
-    """The command line; every `config` field declared with `settings.setting` is a flag of
-    train, sweep and worker, and a key of --vary."""
-    parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
-    parser.set_defaults(config_class=config)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    train_parser = sub.add_parser("train", help="train the chapter's ResNet-18")
-    add_train_args(train_parser, config)
-    add_strategy_args(train_parser)
-    add_sweep_args(sub.add_parser("sweep", help="resumable hyperparameter sweep into a JSON store"),
-                   config)
-    add_bench_args(sub.add_parser("bench", help="the chapter's loop vs the fast loop, alternating"))
-    add_worker_args(sub.add_parser("worker", help="one DDP rank; run it under torchrun"), config)
-    sub.add_parser("pages", help="each page's predicted run time (the README's table)")
-    add_trace_args(sub.add_parser("trace", help="a few DDP steps under torch.profiler: "
-                                                "per-rank traces, all-reduce overlap"))
+    p = command("bench", "the chapter's loop vs the fast loop, alternating")
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
+    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
+    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64,
+                   help="ResNet width (64 = chapter)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
+    p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
+    p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
+    p.add_argument("--workers", type=argtype(COUNT),
+                   help="reference DataLoader workers (default: 4, capped at the usable cores)")
+    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                   help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
+    p.add_argument("--norm-fp32", action="store_true",
+                   help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
+    p.add_argument("--out", help="append the result as one line to this JSON Lines file")
+
+    p = command("worker", "one DDP rank; run it under torchrun", trains=True)
+    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
+                   help="seconds a collective may wait for a silent rank")
+    p.add_argument("--threads", type=argtype(POSITIVE_INT),
+                   help="CPU threads per process (default: its share of this node's cores)")
+    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
+
+    command("pages", "each page's predicted run time (the README's table)")
+
+    p = command("trace", "a few DDP steps under torch.profiler: per-rank traces, all-reduce "
+                         "overlap")
+    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), default=2,
+                   help="DDP processes (default 2)")
+    p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
+                                     "(default: MGPU_PROFILE, else by hardware)")
+    p.add_argument("--bucket-cap-mb", type=argtype(BUCKET_CAP),
+                   help="trace this bucket cap only (default: small buckets, one bucket, and "
+                        "one bucket with no_sync)")
+    p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
+                   help="with --bucket-cap-mb: micro-batches per step, all but the last under "
+                        "no_sync")
+    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=2,
+                   help="steps recorded, after two unrecorded ones (default 2)")
+    p.add_argument("--out", default="runs/trace",
+                   help="folder for the per-rank Chrome traces and events.json")
+    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=300.0,
+                   help="stop every process after this many seconds (default 300)")
     return parser
 
 
@@ -130,27 +180,15 @@ def cmd_train(args) -> int:
         raise ValueError(f"--out {args.out} is the checkpoint file; name another file")
     args.timeout = COLLECTIVE_TIMEOUT_S if args.timeout is None else args.timeout
     # checked before training (a FIFO opened now); a store or a checkpoint is never replaced
-    with (Output(args.out) if args.out else _NoOutput()) as out:
+    with Output(args.out) if args.out else nullcontext() as out:
         result = _train_ddp(config, args) if ddp else train(config, progress=True)
         if result is None:                     # a DDP rank failed: said in one line
             return 1
-        out.write(result.to_dict())            # saved first: printing can fail (a closed pipe)
+        if out is not None:                    # saved first: printing can fail (a closed pipe)
+            out.write(result.to_dict())
     if not ddp:                                # DDP echoed rank 0's summary line already
         print(result.summary())
     return 0 if result.status == "ok" else 3
-
-
-class _NoOutput:
-    """No `--out`: saving is a no-op."""
-
-    def write(self, obj) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def vary_type(config=TrainConfig):
@@ -161,21 +199,6 @@ def vary_type(config=TrainConfig):
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return convert
-
-
-def add_sweep_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
-    add_train_args(p, config, out_help=argparse.SUPPRESS)     # refused: records go to --store
-    p.add_argument("--vary", type=vary_type(config), action="append", required=True,
-                   help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
-                        f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
-                        "DataParallel)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--store", required=True,
-                   help="JSON Lines store: read, then one record appended per new point")
-    p.add_argument("--yes", action="store_true",
-                   help=f"train a sweep of more than {SWEEP_CAP} points or predicted to take "
-                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise; above "
-                        f"{MAX_POINTS:,} points always)")
 
 
 # A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours,
@@ -211,31 +234,12 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
-    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
-    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64,
-                   help="ResNet width (64 = chapter)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
-    p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
-    p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
-    p.add_argument("--workers", type=argtype(COUNT),
-                   help="reference DataLoader workers (default: 4, capped at the usable cores)")
-    p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
-                   help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
-    p.add_argument("--norm-fp32", action="store_true",
-                   help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
-    p.add_argument("--out", help="append the result as one line to this JSON Lines file")
-
-
 def cmd_bench(args) -> int:
     if args.out:     # it appends: a store of benchmarks, refused before the run
         check_writable(args.out, store=True, kind="bench")
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
-                   num_workers=args.workers,
-                   bf16=BF16_FLAG[args.bf16],
-                   norm_fp32=args.norm_fp32)
+                   num_workers=args.workers, bf16=BF16_FLAG[args.bf16], norm_fp32=args.norm_fp32)
     print("\n".join(format_bench(result)))
     if args.out:
         append(args.out, result)
@@ -257,18 +261,6 @@ def _train_ddp(config, args):
     except LaunchError as e:    # a failed rank: one line, exit code 1
         print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
         return None
-
-
-def add_worker_args(p: argparse.ArgumentParser, config=TrainConfig) -> None:
-    add_train_args(p, config)
-    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
-                   help="seconds a collective may wait for a silent rank")
-    p.add_argument("--threads", type=argtype(POSITIVE_INT),
-                   help="CPU threads per process (default: its share of this node's cores)")
-    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
 
 
 def cmd_worker(args) -> int:
@@ -317,28 +309,8 @@ def cmd_pages(args) -> int:
     except ValueError as e:                      # MGPU_PAGE_BUDGET_MIN that is not a number
         print(f"mgpu_lib pages: error: {e}", file=sys.stderr)
         return 2
-    for line in header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]:
-        print(line)
+    print("\n".join(header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]))
     return 0
-
-
-def add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), default=2,
-                   help="DDP processes (default 2)")
-    p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
-                                     "(default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--bucket-cap-mb", type=argtype(BUCKET_CAP),
-                   help="trace this bucket cap only (default: small buckets, one bucket, and "
-                        "one bucket with no_sync)")
-    p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
-                   help="with --bucket-cap-mb: micro-batches per step, all but the last under "
-                        "no_sync")
-    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=2,
-                   help="steps recorded, after two unrecorded ones (default 2)")
-    p.add_argument("--out", default="runs/trace",
-                   help="folder for the per-rank Chrome traces and events.json")
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=300.0,
-                   help="stop every process after this many seconds (default 300)")
 
 
 def cmd_trace(args) -> int:
@@ -379,25 +351,22 @@ class _Stdout:
         return getattr(self.stream, name)
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            self._drop()
-            return len(text)
+        self._unless_closed(self.stream.write, text)
+        return len(text)
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            self._drop()
+        self._unless_closed(self.stream.flush)
 
-    def _drop(self) -> None:
+    def _unless_closed(self, method, *args) -> None:
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
-        except (AttributeError, OSError, ValueError):    # not a real file: drop it all
-            self.stream = io.StringIO()
+            method(*args)
+        except BrokenPipeError:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
+            except (AttributeError, OSError, ValueError):    # not a real file: drop it all
+                self.stream = io.StringIO()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -60,8 +60,7 @@ class Ex1Plan:
     recorded: bool              # the store is a record shipped with the package
     seeds: tuple
     runs: Path
-    scratch: Optional[tempfile.TemporaryDirectory] = field(default=None, compare=False,
-                                                          repr=False)
+    scratch: Optional[tempfile.TemporaryDirectory] = field(default=None, compare=False, repr=False)
 
 
 def recorded_cpu_rates() -> dict[str, dict[int, float]]:
@@ -96,23 +95,21 @@ def ex1_plan(profile: Profile) -> Ex1Plan:
         store = Path(scratch.name) / "ex1_smoke.jsonl"
         return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], store, False, profile.seeds,
                        store, scratch)
+    lrs = [0.05, 0.1, 0.2, 0.4, 50.0]
     if profile.name == "cpu":
         base = profile.config(train_limit=5000, test_limit=1000)
-        return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], [0.05, 0.1, 0.2, 0.4, 50.0],
+        return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], lrs,
                        recorded("ex1_cpu.jsonl"), True, profile.seeds, runs)
-    base = profile.config()
-    e = base.num_epochs
+    e = profile.num_epochs
     epochs = sorted({max(1, e // 5), max(1, e // 2), e, 2 * e})
-    return Ex1Plan(base, epochs, [128, 256, 512, 1024], [0.05, 0.1, 0.2, 0.4, 50.0], runs,
-                   False, profile.seeds, runs)
+    return Ex1Plan(profile.config(), epochs, [128, 256, 512, 1024], lrs, runs, False,
+                   profile.seeds, runs)
 
 
-def _run(what: str, p: Profile, runs: int = 1, batch: Optional[int] = None,
-         epochs: Optional[int] = None, train_images: Optional[int] = None,
-         test_images: Optional[int] = None) -> Job:
+def _run(what: str, p: Profile | TrainConfig, runs: int = 1, batch: Optional[int] = None,
+         epochs: Optional[int] = None) -> Job:
     return Job(what, runs, p.width, batch or p.batch_size, epochs or p.num_epochs,
-               train_images or p.train_limit or FULL_TRAIN,
-               test_images or p.test_limit or FULL_TEST)
+               p.train_limit or FULL_TRAIN, p.test_limit or FULL_TEST)
 
 
 def _ex1_jobs(p: Profile, gpus: int) -> list[Job]:
@@ -120,18 +117,14 @@ def _ex1_jobs(p: Profile, gpus: int) -> list[Job]:
     if plan.recorded:
         return []
     b, s = plan.base, len(p.seeds)
-    n, t = b.train_limit or FULL_TRAIN, b.test_limit or FULL_TEST
-
-    def run(what, runs, batch=b.batch_size, epochs=b.num_epochs):
-        return Job(what, runs, b.width, batch, epochs, n, t)
-    jobs = [run("epochs sweep (longest run per seed)", s, epochs=max(plan.epochs)),
-            *[run(f"batch {x}", s, batch=x) for x in plan.batches if x != b.batch_size],
-            *[run(f"lr {x}", s) for x in plan.lrs],       # includes the base point
-            run("warmup at 4 x batch, with and without", 2 * s, batch=4 * b.batch_size)]
+    jobs = [_run("epochs sweep (longest run per seed)", b, s, epochs=max(plan.epochs)),
+            *[_run(f"batch {x}", b, s, batch=x) for x in plan.batches if x != b.batch_size],
+            *[_run(f"lr {x}", b, s) for x in plan.lrs],       # includes the base point
+            _run("warmup at 4 x batch, with and without", b, 2 * s, batch=4 * b.batch_size)]
     if gpus >= 2:
-        jobs.append(run("devices sweep", s * (len([k for k in (2, 4, 8, 16) if k <= gpus]))))
+        jobs.append(_run("devices sweep", b, s * len([k for k in (2, 4, 8, 16) if k <= gpus])))
     elif gpus == 0:
-        jobs.append(run("DDP, 2 gloo processes", 1))
+        jobs.append(_run("DDP, 2 gloo processes", b))
     return jobs
 
 
@@ -255,23 +248,17 @@ def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
     datasheet matches), `profile` (trimmed to `budget` seconds, default `budget_s()`, on a
     GPU), `cuts`, `on`, `budget_s`."""
     budget = budget_s() if budget is None else budget
-    if gpu_name:
-        spec = spec_for_name(gpu_name)
-        if spec is None:
-            return dict(seconds=None, profile=profile, cuts=[], on=gpu_name, budget_s=budget)
-
-        def seconds(jobs):
-            return gpu_seconds(jobs, spec)
-        p, cuts = trim(page, profile, seconds, budget, gpus or 1)
-        lo, hi, _ = predict_jobs(page_jobs(page, p, gpus or 1), gpu_name)
-        on = f"{gpus} x {spec.name.split()[0]}" if gpus > 1 else f"one {spec.name.split()[0]}"
-        return dict(seconds=(STARTUP_S + lo, STARTUP_S + hi), profile=p, cuts=cuts, on=on,
-                    budget_s=budget)
-    band = predict_jobs(page_jobs(page, profile))
-    if band is None:
-        return dict(seconds=None, profile=profile, cuts=[], on="this CPU", budget_s=budget)
-    return dict(seconds=(STARTUP_S + band[0], STARTUP_S + band[1]), profile=profile, cuts=[],
-                on=band[2], budget_s=budget)
+    pred = dict(seconds=None, profile=profile, cuts=[], on=gpu_name or "this CPU", budget_s=budget)
+    spec = spec_for_name(gpu_name) if gpu_name else None
+    if spec is not None:
+        gpus, name = gpus or 1, spec.name.split()[0]
+        p, cuts = trim(page, profile, lambda jobs: gpu_seconds(jobs, spec), budget, gpus)
+        lo, hi, _ = predict_jobs(page_jobs(page, p, gpus), gpu_name)
+        pred.update(seconds=(STARTUP_S + lo, STARTUP_S + hi), profile=p, cuts=cuts,
+                    on=f"{gpus} x {name}" if gpus > 1 else f"one {name}")
+    elif not gpu_name and (band := predict_jobs(page_jobs(page, profile))) is not None:
+        pred.update(seconds=(STARTUP_S + band[0], STARTUP_S + band[1]), on=band[2])
+    return pred
 
 
 def expected_line(pred: dict) -> str:
@@ -296,8 +283,7 @@ def setup_page(page: str) -> tuple[Profile, str]:
         warnings.warn(f"{e}; using {BUDGET_MIN:g} min", stacklevel=2)
         budget = 60 * BUDGET_MIN
     gpus = num_gpus()
-    name = torch.cuda.get_device_name(0) if gpus else None
-    pred = predict(page, profile, name, gpus, budget)
+    pred = predict(page, profile, torch.cuda.get_device_name(0) if gpus else None, gpus, budget)
     return pred["profile"], banner(pred["profile"]) + "\n" + expected_line(pred)
 
 

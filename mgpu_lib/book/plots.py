@@ -1,12 +1,11 @@
 """A live training plot for notebooks, redrawn as each epoch ends.
 
 Plots read results (`TrainResult`, records); nothing is ever read back out of a plot. They all
-use the book's style (`style.py`): legends below the data, whole-number ticks for epochs and
-devices, short titles that say what is plotted (hardware and profile go into the caption, once).
+use the book's style (`style.py`).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 from .style import integer_ticks, legend_below, mark_synthetic, title as set_title
 
@@ -16,8 +15,7 @@ def _in_notebook() -> bool:
         from IPython import get_ipython
     except ImportError:
         return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(get_ipython(), "kernel", None) is not None   # no shell, or a terminal: None
 
 
 class LivePlot:
@@ -29,8 +27,7 @@ class LivePlot:
     def __init__(self, title: Optional[str] = None):
         self.title = title
         self.enabled = _in_notebook()
-        self.handle = None
-        self.fig = None
+        self.handle = self.fig = None
 
     def update(self, result) -> None:
         if not self.enabled:
@@ -58,10 +55,3 @@ class LivePlot:
             self.handle = display(self.fig, display_id=True)
         else:
             self.handle.update(self.fig)
-
-
-def _clipped(means: Sequence[float], stds: Sequence[float], lo: float = 0.0, hi: float = 1.0):
-    """Error bars of mean +- std that stay inside [lo, hi] (an accuracy is never below 0)."""
-    stds = [0.0 if s != s else s for s in stds]            # nan (one seed): no bar
-    return [[min(s, m - lo) for m, s in zip(means, stds)],
-            [min(s, hi - m) for m, s in zip(means, stds)]]

@@ -7,7 +7,7 @@ halves the chapter's batch). The code path stays the same.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -29,9 +29,6 @@ class Profile:
     seeds: tuple[int, ...]       # seeds for comparisons that report mean and spread
     allow_synthetic: bool        # fall back to synthetic data when no real copy is found
     about: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def config(self, cls=TrainConfig, **overrides) -> TrainConfig:
         """A `TrainConfig` (or `cls`) with this profile's settings, `overrides` on top."""

@@ -3,22 +3,15 @@
 Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
 `mgpu_lib.training.record_header`), and a store holds one kind of record (runs, benchmarks or
 gpu_check stages: `record_kind`). Appending takes a file lock (`filelock`, on every platform), so
-two processes writing one store both keep their records. What the store refuses and what it keeps:
-- a path that is not a regular file (a device, a FIFO, `/dev/null`) is never a store, and a
-  file with a line that is not a record is "not a results store": one line, the file untouched;
-- a torn last line after a whole record (a run killed mid-write) is skipped with a warning; the
-  next append drops it. A file with no whole record before it was never a store: refused;
-- a record of another kind than the store's is refused, before any work when the caller says
-  what it will append (`check_writable(..., kind=...)`);
-- a failed append (a full disk) cuts the store back to its old length and keeps the record in a
-  file beside it (`ResultsError` says where); so does a failed `Output.write`.
-A run's own file (`--out`, `Output`) replaces only an earlier JSON document, never a store or a
-checkpoint; a FIFO is opened before the run, and one without a reader is refused, not waited on.
+two processes writing one store both keep their records. A file that is not a store is refused
+untouched, but a torn last line after a whole record (a run killed mid-write) is skipped; a failed
+write (a full disk) keeps the record in a file beside (`read`, `append` and `Output` say how).
 The records this book shows ship inside the package (`mgpu_lib/recorded/`), so a notebook finds
 them in Colab as well as in a clone: `recorded(name)`. They are read, never written at run time.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -33,6 +26,7 @@ from typing import Optional, Sequence
 
 from filelock import FileLock
 
+from ..config import _is_int
 from ..training import HEADER, LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
@@ -61,37 +55,23 @@ def _kind(mode: int) -> str:
 
 
 def _mode(path: Path):
-    """`path`'s st_mode, or None if nothing is there; other OSErrors (a name too long, a file
-    where a folder should be) propagate."""
+    """`path`'s st_mode, or None if nothing is there; other OSErrors (a name too long) propagate."""
     try:
         return path.stat().st_mode
     except FileNotFoundError:
         return None
 
 
-def _check_names(path: Path, parent: Path) -> None:
-    """Raise ENAMETOOLONG now for a name the file system will refuse once it is created."""
-    limit = os.pathconf(parent, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
-    for name in path.relative_to(parent).parts:
-        if len(os.fsencode(name)) > limit:
-            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
-
-
 def record_kind(rec: dict) -> str:
-    """What a store's record is: its "kind" ("bench"), "gpu_check stage", or "run" (a
-    `TrainResult`: a run or a sweep point)."""
+    """A store record's kind: its "kind" ("bench"), "gpu_check stage" or "run" (a TrainResult)."""
     return str(rec.get("kind") or ("gpu_check stage" if "stage" in rec else "run"))
 
 
 def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> Path:
-    """`path` as a Path, after checking that a file can be created or appended there.
-
-    Call it before any work starts, so a bad `--out` fails in a second, not after training.
-    A symlink is followed. A name ending in a slash is a folder, never a file's name. An output
-    may be a character device or a FIFO (written straight into, never replaced); a store
-    (`store=True`) must be a regular file holding records, or not exist yet, and with `kind`
-    its records must be of that kind (`record_kind`).
-    """
+    """`path` as a Path (a symlink followed), after checking that a file can be created or
+    appended there: call it before any work, so a bad `--out` fails in a second, not after
+    training. An output may also be a character device or a FIFO; a store (`store=True`) must be
+    a regular file of records (of `kind`, if given: `record_kind`) or not exist yet."""
     if str(path) == "-":
         raise ResultsError("'-' (standard output) is not supported: name a file, or leave the "
                            "option out")
@@ -105,7 +85,10 @@ def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> 
         parent = path.parent
         while _mode(parent) is None and parent != parent.parent:
             parent = parent.parent
-        _check_names(path, parent)
+        # a name the file system will refuse once it is created: ENAMETOOLONG now
+        limit = os.pathconf(parent, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+        if any(len(os.fsencode(name)) > limit for name in path.relative_to(parent).parts):
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
         writable = os.access(parent, os.W_OK | os.X_OK) and (mode is None or
                                                              os.access(path, os.W_OK))
     except OSError as e:
@@ -122,8 +105,7 @@ def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> 
     if store and mode is not None:      # a file that is no store, or another kind's: now
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # a torn line: its reader says so
-            records = read(path)
-        _check_kind(records, kind, shown)
+            _check_kind(read(path), kind, shown)
     return path
 
 
@@ -154,26 +136,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _open_stream(path: Path, shown: str) -> int:
-    """A FIFO or a device opened for writing now, without blocking: a FIFO nobody reads would
-    otherwise hang the run's end forever."""
-    try:
-        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        why = ("a FIFO that nobody reads (start its reader first, or name a file)"
-               if e.errno == errno.ENXIO else e.strerror or str(e))
-        raise ResultsError(f"cannot write {shown}: {why}") from None
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)       # the reader is there: the write may wait for it
-    return fd
-
-
 def _check_replaceable(path: Path, shown: str) -> None:
-    """Refuse to replace an existing file that is not one JSON document (an earlier result):
-    a results store, a checkpoint, someone's notes."""
-    size = path.stat().st_size
+    """Refuse to replace a file other than one JSON document (an earlier result): a store, notes."""
     what = "it is not a JSON document (a checkpoint? notes?)"
-    if size <= MAX_RESULT_BYTES:
+    if path.stat().st_size <= MAX_RESULT_BYTES:
         data = path.read_bytes()
         try:
             with warnings.catch_warnings():
@@ -181,39 +147,43 @@ def _check_replaceable(path: Path, shown: str) -> None:
                 records = _parse(data, path)[0]
             if not records:
                 return                              # empty, or blank lines only
-            what = f"it is a results store ({_plural(len(records), 'record')})"
+            what = f"it is a results store ({plural(len(records), 'record')})"
         except ResultsError:                        # no store: one JSON document?
-            try:
+            with contextlib.suppress(ValueError):
                 json.loads(data)
                 return
-            except ValueError:
-                pass
     raise ResultsError(f"will not replace {shown}: {what}; an output holds one run's result, "
                        f"so name another file or remove this one")
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """'1 point', '2 points', '1,000 points'."""
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
-class Output:
-    """A run's output file (`--out`), checked before the run and written after it.
-
-    A regular file is replaced atomically (readers see the old file or the new one), and only
-    if it is empty or one JSON document; a symlink writes its target; a FIFO or a character
-    device is opened now (a FIFO without a reader is refused) and written into, never replaced.
-    If writing fails (a full disk), the JSON is kept beside and ResultsError says where.
-    """
+class Output(contextlib.AbstractContextManager):
+    """A run's output file (`--out`), checked before the run and written after it: a regular
+    file is replaced atomically (readers see the old or the new one), only if it is empty or one
+    JSON document; a FIFO or a character device is opened now and written into, never replaced.
+    If writing fails (a full disk), the JSON is kept beside and ResultsError says where."""
 
     def __init__(self, path):
-        self.shown = _shown(path)
+        shown = _shown(path)
         self.path = check_writable(path)
         self.fd: Optional[int] = None
         mode = _mode(self.path)
-        if mode is not None and not stat.S_ISREG(mode):
-            self.fd = _open_stream(self.path, self.shown)
+        if mode is not None and stat.S_ISREG(mode):
+            _check_replaceable(self.path, shown)
         elif mode is not None:
-            _check_replaceable(self.path, self.shown)
+            # opened now, without blocking: a FIFO nobody reads would hang the run's end forever
+            try:
+                self.fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
+            except OSError as e:
+                why = ("a FIFO that nobody reads (start its reader first, or name a file)"
+                       if e.errno == errno.ENXIO else e.strerror or str(e))
+                raise ResultsError(f"cannot write {shown}: {why}") from None
+            if hasattr(os, "set_blocking"):
+                os.set_blocking(self.fd, True)      # the reader is there: the write may wait
 
     def write(self, obj) -> None:
         text = json.dumps(obj, indent=1)
@@ -230,9 +200,6 @@ class Output:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "Output":
-        return self
-
     def __exit__(self, *exc) -> None:
         self.close()
 
@@ -242,12 +209,10 @@ def _replace(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        try:
+        with os.fdopen(fd, "wb") as f:
             os.chmod(tmp, 0o644)       # mkstemp makes 0600; results are for everyone to read
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            _write_all(f.fileno(), data)
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -260,42 +225,30 @@ def write_json_atomic(path, obj) -> None:
         out.write(obj)
 
 
-def _is_text(value, optional: bool = True) -> bool:
-    return (value is None and optional) or (isinstance(value, str) and value != "")
-
-
 def check_header(rec: dict, where: str) -> None:
     """Raise ResultsError (one line, naming `where`) unless `rec` carries a whole header."""
     missing = [k for k in HEADER if k not in rec]
     if missing:
         raise ResultsError(f"{where}: no {', '.join(missing)} (a record from before the "
                            f"header, schema {LEGACY_SCHEMA}?)")
-    bad = [k for k in ("mgpu_lib", "git", "torch", "profile") if not _is_text(rec[k])]
+    # text, or None (unknown) for all but hardware
+    bad = [k for k in ("mgpu_lib", "git", "torch", "profile", "hardware") if not (
+        (isinstance(rec[k], str) and rec[k] != "") or (rec[k] is None and k != "hardware"))]
     if rec["schema"] != SCHEMA:
         bad.insert(0, "schema")
-    if not _is_text(rec["hardware"], optional=False):
-        bad.append("hardware")
     if not isinstance(rec["config"], dict) or not rec["config"]:
         bad.append("config")
     if bad:
         raise ResultsError(f"{where}: bad header field(s) {', '.join(bad)}")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _metric_problem(name: str, values, epochs: int, status: str) -> Optional[str]:
     """What is wrong with one per-epoch list of a run, or None."""
-    if not isinstance(values, list) or not all(map(_is_number, values)):
+    if not isinstance(values, list) or not all(_is_int(v) or isinstance(v, float) for v in values):
         return "is missing or not a list of numbers"
     whole = (0, epochs) if name == "test_acc" else (epochs,)   # a run may skip evaluation
     if len(values) > epochs or (status == "ok" and len(values) not in whole):
-        return f"has {len(values)} values for {_plural(epochs, 'epoch')} ({status})"
+        return f"has {len(values)} values for {plural(epochs, 'epoch')} ({status})"
     # a diverged run's last loss may be inf or nan: it is why the run stopped
     checked = values[:-1] if name == "train_loss" and status == "diverged" else values
     if not all(math.isfinite(v) and v >= 0 for v in checked):
@@ -306,10 +259,8 @@ def _metric_problem(name: str, values, epochs: int, status: str) -> Optional[str
 
 
 def run_problem(d) -> Optional[str]:
-    """What keeps `d` from being a whole run, or None: a schema this mgpu_lib knows, a config
-    with whole num_epochs and seed, a known status, and every metric a list of finite numbers
-    (accuracies within 0 and 1), never more values than epochs, all of them for a run that
-    finished ("ok")."""
+    """What keeps `d` from being a whole run, or None: a known schema and status, whole
+    num_epochs and seed, and finite metrics, all of them for a run that finished ("ok")."""
     if not isinstance(d, dict):
         return "not a JSON object"
     schema, config, status = d.get("schema", LEGACY_SCHEMA), d.get("config"), d.get("status", "ok")
@@ -329,9 +280,8 @@ def run_problem(d) -> Optional[str]:
 
 
 def as_run(d, where: str) -> TrainResult:
-    """A record (a store's line, a result file) as a `TrainResult`, after `run_problem`; the
-    nested form stores wrote before there was one record type (the metrics under "metrics",
-    schemas 1 and 2) is read too. A one-line ResultsError names `where` if it is not a run."""
+    """A record (a store's line, a result file) as a `TrainResult`, after `run_problem`, also the
+    nested form of older stores (metrics under "metrics", schemas 1 and 2); else ResultsError."""
     if isinstance(d, dict) and isinstance(d.get("metrics"), dict):
         d = {**{k: v for k, v in d.items() if k != "metrics"}, **d["metrics"]}
     problem = run_problem(d)
@@ -345,40 +295,31 @@ def as_run(d, where: str) -> TrainResult:
 
 def save_result(result: TrainResult, out) -> None:
     """Write a run's result as JSON to `out`, an `Output` or a path (checked, then atomic)."""
-    if isinstance(out, Output):
-        out.write(result.to_dict())
-    else:
-        write_json_atomic(out, result.to_dict())
+    with (contextlib.nullcontext(out) if isinstance(out, Output) else Output(out)) as output:
+        output.write(result.to_dict())
 
 
 def load_result(path) -> TrainResult:
     """A run's result from its JSON file; a one-line ResultsError if it is not a whole one."""
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ResultsError(f"cannot read train result {_shown(path)}: {e}") from None
     return as_run(d, _shown(path))
 
 
-def _lock(path: Path) -> FileLock:
-    """The lock beside a store (a separate file: a lock may not truncate the store itself)."""
-    return FileLock(str(path.with_name(f".{path.name}.lock")))
-
-
 def append(path, record: dict) -> None:
-    """Append `record` as one line, under an exclusive lock; durable when this returns.
-
-    The store is checked first (a file that is not a store, or holds another kind of record,
-    is left untouched); a torn last line is dropped; a failed write cuts the store back to its
-    old length and keeps the record.
-    """
+    """Append `record` as one line, under an exclusive lock; durable when this returns. A file
+    that is not a store, or holds another kind of record, is left untouched; a torn last line
+    is dropped; a failed write cuts the store back to its old length and keeps the record."""
     kind = record_kind(record)
     path = check_writable(path, store=True, kind=kind)
     line = json.dumps(record, sort_keys=True).encode() + b"\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _lock(path), open(path, "a+b", buffering=0) as f:
+        # the lock is a file beside the store: a lock may not truncate the store itself
+        with FileLock(str(path.with_name(f".{path.name}.lock"))), \
+                open(path, "a+b", buffering=0) as f:
             f.seek(0)                       # append mode opens at the end
             data = f.read()
             records, whole = _parse(data, path)
@@ -427,11 +368,8 @@ def _parse(data: bytes, path) -> tuple[list[dict], int]:
 
 
 def read(path) -> list[dict]:
-    """Every record in a store ([] if the file does not exist yet).
-
-    Raises:
-        ResultsError: the path is not a regular file, or a line is not a record.
-    """
+    """Every record in a store ([] if the file does not exist yet); a ResultsError if the path
+    is not a regular file or a line is not a record."""
     shown = _shown(path)
     try:
         path = Path(path)
@@ -448,28 +386,18 @@ def read(path) -> list[dict]:
 
 
 def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean, sample standard deviation (n - 1) and standard error of the mean.
-
-    The sample std is the spread a new seed would show; with one value it is nan, with none
-    the mean is nan too.
-    """
+    """Mean, sample standard deviation (n - 1) and standard error of the mean. The sample std
+    is the spread a new seed would show; with one value it is nan, with none the mean is too."""
     values = [float(v) for v in values]
-    if not values:
-        return math.nan, math.nan, math.nan
-    if len(values) == 1:
-        return values[0], math.nan, math.nan
-    std = statistics.stdev(values)
-    return statistics.fmean(values), std, std / math.sqrt(len(values))
+    mean = statistics.fmean(values) if values else math.nan
+    std = statistics.stdev(values) if len(values) > 1 else math.nan
+    return mean, std, std / math.sqrt(max(len(values), 1))
 
 
 def summarize(records: Sequence, x: str) -> list[dict]:
-    """One row per value of `x`: mean/std of final test accuracy and of seconds per epoch over
-    the seeds that finished (`ok` of `n`), plus how many diverged (failed runs are neither).
-    Rows are sorted by `x`.
-
-    `records` are sweep records: anything with `get(x)`, `status`, `final_test_acc` and
-    `sec_per_epoch`.
-    """
+    """One row per value of `x`, sorted: mean/std of final test accuracy and of seconds per
+    epoch over the seeds that finished (`ok` of `n`), plus how many diverged (failed runs are
+    neither). `records`: anything with `get(x)`, `status`, `final_test_acc`, `sec_per_epoch`."""
     groups: dict = {}
     for r in records:
         groups.setdefault(r.get(x), []).append(r)

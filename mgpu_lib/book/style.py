@@ -19,21 +19,12 @@ from typing import Optional, Sequence
 # pages and the library for both).
 WIDTH_IN, MIN_FONT_PT = 5.0, 9.5
 RC = {
-    "figure.figsize": (WIDTH_IN, 3.1),
-    "figure.dpi": 100,
-    "savefig.bbox": "tight",
-    "font.size": 10.5,
-    "axes.titlesize": 10.5,
-    "axes.labelsize": 10.5,
-    "xtick.labelsize": MIN_FONT_PT,
-    "ytick.labelsize": MIN_FONT_PT,
-    "legend.fontsize": MIN_FONT_PT,
-    "legend.frameon": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.formatter.useoffset": False,
+    "figure.figsize": (WIDTH_IN, 3.1), "figure.dpi": 100, "savefig.bbox": "tight",
+    "font.size": 10.5, "axes.titlesize": 10.5, "axes.labelsize": 10.5,
+    "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT,
+    "legend.fontsize": MIN_FONT_PT, "legend.frameon": False,
+    "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.formatter.useoffset": False,
 }
 TITLE_CHARS = 60                      # wrap titles so they never run past the figure
 

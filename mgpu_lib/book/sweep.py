@@ -4,23 +4,16 @@
     plan: 9 points (lr 3 x seeds 3); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
 
 `sweep` trains the cartesian product of `vary` x `seeds` (a value or a seed given twice is one
-point). Each point is a `TrainResult`, the one record type, with its sweep `options`. After each
-point it appends the record to the store (under a file lock, so two sweeps may share a store),
-so a crash or Ctrl-C loses at most the point in flight, and a rerun skips every point already
-stored (the key is the full config, seed included, plus any sweep option like warmup). Points
-found in a read-only `recorded` store (one shipped with the package) are not trained either,
-and a sweep with nothing to train writes nothing. Every point to train is checked before the
-first one trains (devices that exist, a batch DDP processes can split). A point whose run failed
-(a DDP rank died) is stored with status "failed" and the sweep goes on; a rerun tries it again.
+point), appending each point's record (a `TrainResult` with its sweep `options`) to the store
+under a file lock, so two sweeps may share a store, a crash or Ctrl-C loses at most the point in
+flight, and a rerun skips every point stored (the key is the full config, seed included, plus
+any sweep option like warmup) or found in a read-only `recorded` store. A failed point (a DDP
+rank died) is stored as "failed" and the sweep goes on; a rerun tries it again.
 
 Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
 depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
 config differs from a stored (or just-trained) record only by a smaller `num_epochs` is derived
 from that record by truncation instead of being trained again (its record says `derived_from`).
-
-The plan (`plan_line`) is predicted by the pages' one predictor (`pages.predict_jobs`). Points
-that differ only in epochs are derived from the longest run, so only the longest is counted;
-stored points are skipped when the sweep runs, so the prediction is an upper bound.
 """
 from __future__ import annotations
 
@@ -35,6 +28,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import store as results
+from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
 from ..config import COUNT, NONNEGATIVE_NUMBER, SWITCH_FIELDS, Check, flag_name, on_cli
 from ..ddp import choose_backend, local_batch_size
@@ -53,11 +47,6 @@ MAX_POINTS = 100_000
 # The settings that change a run's cost in the model; every other key only multiplies runs.
 SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
 MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no prediction (it is slow)
-
-
-def plural(n: int, word: str) -> str:
-    """'1 point', '2 points', '1,000 points'."""
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 # ---- the points ------------------------------------------------------------------------------
@@ -87,48 +76,24 @@ def as_point(result: TrainResult, config: TrainConfig, options: dict) -> TrainRe
                    profile=config.profile, extra=dict(result.extra))
 
 
-def truncate(record: TrainResult, config: TrainConfig, options: dict
-             ) -> Optional[TrainResult]:
-    """`record` cut to `config.num_epochs` epochs, or None if it is too short to tell."""
-    k = config.num_epochs
-    if record.status == "ok" and len(record.test_acc) < k:
-        return None
-    diverged = record.status != "ok" and len(record.train_loss) <= k
-    # keep the first k epochs; a later divergence did not happen yet
-    cut = {} if diverged else {m: list(getattr(record, m))[:k] for m in METRICS}
-    return replace(as_point(record, config, options), **cut, derived_from=key_of(record),
-                   status=record.status if diverged else "ok")
-
-
-def _longer_key(config: dict, options: dict) -> str:
-    """The key with num_epochs blanked: points sharing it differ only in length."""
-    return point_key({**config, "num_epochs": 0}, options)
-
-
 def load_store(path) -> list[TrainResult]:
-    """The records in a store ([] if the file does not exist yet); for a point stored twice,
-    the later record wins. Records of the nested form older stores hold are read too."""
-    by_key: dict = {}
-    for i, d in enumerate(results.read(path), 1):
-        rec = results.as_run(d, f"{results._shown(path)}: record {i}")
-        by_key[key_of(rec)] = rec
-    return list(by_key.values())
+    """A store's runs ([] if there is no file yet); of a point stored twice, the later record."""
+    runs = [results.as_run(d, f"{results._shown(path)}: record {i}")
+            for i, d in enumerate(results.read(path), 1)]
+    return list({key_of(r): r for r in runs}.values())
 
 
 # ---- the axes --------------------------------------------------------------------------------
 
 def unique(values: Sequence) -> tuple[list, list]:
-    """`values` once each, in order, and the values given more than once (by ==, so lr 1 and
-    lr 1.0 are one value)."""
+    """`values` once each, in order, and those given more than once (by ==: lr 1 is lr 1.0)."""
     counts = Counter(values)
     return list(counts), [v for v, n in counts.items() if n > 1]
 
 
 def vary_keys(config=TrainConfig) -> dict[str, Check]:
-    """Every --vary key and its check: the config's flags (seeds have --seeds) and the sweep
-    options."""
-    keys = {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"}
-    return {**keys, **OPTIONS}
+    """Every --vary key and its check: the config's flags (seeds have --seeds) and the options."""
+    return {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"} | OPTIONS
 
 
 def parse_vary(text: str, config=TrainConfig) -> tuple:
@@ -159,20 +124,9 @@ def merge_vary(pairs) -> tuple[dict, list[str]]:
     notes = []
     for name, values in vary.items():
         vary[name], repeated = unique(values)
-        notes += [f"{name} {v:g} given more than once; swept once" if isinstance(v, float)
-                  else f"{name} {v} given more than once; swept once" for v in repeated]
+        notes += [f"{name} {v:{'g' if isinstance(v, float) else ''}} given more than once; "
+                  f"swept once" for v in repeated]
     return vary, notes
-
-
-def check_vary(base: TrainConfig, vary: dict) -> None:
-    """A ValueError for a key that is not a config field or an option (seeds have their own
-    argument)."""
-    known = [k for k in base.to_dict() if k != "seed"] + list(OPTIONS)
-    for k in vary:
-        if k == "seed":
-            raise ValueError("vary seeds with `seeds` (--seeds 1,2), not as a key")
-        if k not in known:
-            raise ValueError(f"unknown key {k!r}; known keys: {', '.join(known)}")
 
 
 def count_points(vary: dict, seeds: Sequence[int]) -> int:
@@ -182,16 +136,20 @@ def count_points(vary: dict, seeds: Sequence[int]) -> int:
 
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
     """The cartesian product of `vary` and `seeds`, each value once, longest runs first (so
-    short ones derive)."""
-    check_vary(base, vary)
+    short ones derive); a ValueError for a key that is no config field or option."""
+    known = [k for k in base.to_dict() if k != "seed"] + list(OPTIONS)
+    for k in vary:
+        if k == "seed":                 # seeds have their own argument
+            raise ValueError("vary seeds with `seeds` (--seeds 1,2), not as a key")
+        if k not in known:
+            raise ValueError(f"unknown key {k!r}; known keys: {', '.join(known)}")
     n = count_points(vary, seeds)
     if n > MAX_POINTS:
         raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
                          "vary fewer values")
-    names = list(vary)
     points = []
-    for values in itertools.product(*(unique(vary[k])[0] for k in names), unique(seeds)[0]):
-        chosen = dict(zip(names, values[:-1]))
+    for values in itertools.product(*(unique(v)[0] for v in vary.values()), unique(seeds)[0]):
+        chosen = dict(zip(vary, values[:-1]))
         options = {k: chosen.pop(k) for k in list(chosen) if k in OPTIONS}
         points.append((base.replace(**chosen, seed=values[-1]), options))
     return sorted(points, key=lambda p: -p[0].num_epochs)
@@ -220,8 +178,7 @@ def check_point(config: TrainConfig, options: dict) -> None:
 
 def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]:
     """What `sweep(base, vary, seeds)` trains, as `runtime` jobs (the longest epochs only)."""
-    runs = len(unique(seeds)[0]) * math.prod(len(unique(v)[0]) for k, v in vary.items()
-                                             if k not in SHAPE and k != "num_epochs")
+    runs = count_points({k: v for k, v in vary.items() if k not in (*SHAPE, "num_epochs")}, seeds)
     epochs = max(vary.get("num_epochs", [base.num_epochs]))
     return [Job("sweep", runs, width, batch, epochs, train or FULL_TRAIN, test or FULL_TEST,
                 devices=devices or max(1, num_gpus()))
@@ -231,11 +188,10 @@ def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]
 
 def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
                     ) -> Optional[tuple[float, float, str]]:
-    """(low, high, on what) for what the sweep trains here, by `pages.predict_jobs`: on this
-    machine's first GPU, else on the recorded CPUs; an upper bound (stored points are skipped).
-    None without a datasheet or record, or with too many run shapes."""
-    shapes = math.prod(len(vary.get(k, [0])) for k in SHAPE)
-    if shapes > MAX_PREDICTED_JOBS:
+    """(low, high, on what) by `pages.predict_jobs`, on this machine's first GPU, else the
+    recorded CPUs; an upper bound (stored points are skipped). None without a datasheet or
+    record, or with too many run shapes."""
+    if math.prod(len(vary.get(k, [0])) for k in SHAPE) > MAX_PREDICTED_JOBS:
         return None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return predict_jobs(sweep_jobs(base, vary, seeds), gpu)
@@ -243,8 +199,7 @@ def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
 
 def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
               pred: Optional[tuple[float, float, str]] = None) -> str:
-    """One line: the points, how they multiply, and their predicted time (a prediction; pass
-    `predicted_sweep`'s if it is already at hand)."""
+    """One line: the points, how they multiply, and their predicted time (`pred` if at hand)."""
     factors = " x ".join(f"{k} {len(unique(v)[0])}" for k, v in vary.items())
     line = (f"plan: {plural(count_points(vary, seeds), 'point')} ({factors} x seeds "
             f"{len(unique(seeds)[0])})")
@@ -269,22 +224,9 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
             return launch(config, nprocs)
         except LaunchError as e:
             return TrainResult.create(config, hardware=f"DDP, {nprocs} processes",
-                                      num_devices=nprocs, data_source="unknown",
-                                      steps_per_epoch=0, status="failed",
-                                      extra={"error": str(e)})
-    if warmup_epochs:
-        return train_warmup(config, warmup_epochs)
-    return train(config, progress=False)
-
-
-def _check_new(points, records: Sequence[TrainResult], store) -> None:
-    """Before anything trains: every point to train can train here, and the store can take
-    the new points (trained or derived). Nothing is checked, or written, if none is new."""
-    for config, options in points:
-        if _derive(records, config, options) is None:
-            check_point(config, options)
-    if points:
-        results.check_writable(store, store=True, kind="run")
+                                      num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
+                                      status="failed", extra={"error": str(e)})
+    return train_warmup(config, warmup_epochs) if warmup_epochs else train(config, progress=False)
 
 
 def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,
@@ -292,23 +234,20 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
           log: Optional[Callable[[str], None]] = None) -> list[TrainResult]:
     """Train every point of `vary` x `seeds` not yet stored; return the points' records.
 
-    Args:
-        base: the config every point starts from.
-        vary: {field: [values]}; fields of TrainConfig, `warmup_epochs` or `nprocs`.
-        seeds: one run per seed for every combination.
-        store: a JSON Lines file; read first, then one record appended per new point (it is
-            checked, created and written only if a point is new).
-        recorded: a store only read (a record shipped with the package): its points count as
-            stored.
-        train_fn: `train_fn(config, **options) -> TrainResult` (default: `default_train`).
-        log: called with one line per point (e.g. `print`).
+    `vary` maps TrainConfig fields, `warmup_epochs` or `nprocs` to values; `store` is checked,
+    created and written only if a point is new; `recorded` is only read. `train_fn(config,
+    **options)` trains a point (default `default_train`); `log` gets a line per point (`print`).
     """
-    train_fn = train_fn or default_train
     points = expand(base, vary, seeds)
     shipped = [r for r in (load_store(recorded) if recorded else []) if r.status != "failed"]
     records = shipped + [r for r in load_store(store) if r.status != "failed"]
     by_key = {key_of(r): r for r in records}
-    _check_new([p for p in points if point_key(*p) not in by_key], records, store)
+    new = [p for p in points if point_key(*p) not in by_key]
+    for config, options in new:         # before anything trains: every point can train here
+        if _derive(records, config, options) is None:
+            check_point(config, options)
+    if new:                             # the store is checked, and written, only if one is new
+        results.check_writable(store, store=True, kind="run")
     out = []
     for config, options in points:
         key = point_key(config, options)
@@ -316,7 +255,7 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
         action = "stored" if key in by_key else "derived" if rec else "trained"
         if rec is None:
             t0 = time.perf_counter()
-            rec = as_point(train_fn(config, **options), config, options)
+            rec = as_point((train_fn or default_train)(config, **options), config, options)
             rec.extra.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if key not in by_key:
             results.append(store, rec.to_dict())
@@ -332,20 +271,25 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
 
 def _derive(records: Sequence[TrainResult], config: TrainConfig, options: dict
             ) -> Optional[TrainResult]:
-    want = _longer_key(config.to_dict(), options)
+    """The point cut from a longer run in `records` that differs only in epochs, else None."""
+    k = config.num_epochs
+    want = point_key({**config.to_dict(), "num_epochs": 0}, options)    # the length blanked
     for r in records:
-        if r.config["num_epochs"] > config.num_epochs and r.derived_from is None and \
-                _longer_key(r.config, r.options) == want:
-            rec = truncate(r, config, options)
-            if rec is not None:
-                return rec
+        if r.config["num_epochs"] <= k or r.derived_from is not None or \
+                point_key({**r.config, "num_epochs": 0}, r.options) != want or \
+                (r.status == "ok" and len(r.test_acc) < k):
+            continue
+        diverged = r.status != "ok" and len(r.train_loss) <= k
+        # keep the first k epochs; a later divergence did not happen yet
+        cut = {} if diverged else {m: list(getattr(r, m))[:k] for m in METRICS}
+        return replace(as_point(r, config, options), **cut, derived_from=key_of(r),
+                       status=r.status if diverged else "ok")
     return None
 
 
 def describe_point(config: TrainConfig, options: dict) -> str:
-    text = (f"batch {config.batch_size}, lr {config.lr:g}, {plural(config.num_epochs, 'epoch')}, "
-            f"seed {config.seed}")
-    return text + "".join(f", {k} {v:g}" for k, v in options.items() if v)
+    return (f"batch {config.batch_size}, lr {config.lr:g}, {plural(config.num_epochs, 'epoch')}, "
+            f"seed {config.seed}" + "".join(f", {k} {v:g}" for k, v in options.items() if v))
 
 
 # --- Learning-rate scaling and warmup (pure arithmetic) --------------------------------------
@@ -358,9 +302,7 @@ def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
     """Linear warmup: (step + 1) / warmup_steps of the lr before `warmup_steps`, then all of it."""
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return 1.0
-    return (step + 1) / warmup_steps
+    return 1.0 if warmup_steps <= 0 or step >= warmup_steps else (step + 1) / warmup_steps
 
 
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:

@@ -33,10 +33,8 @@ class Table:
 
     def _fold_constant_columns(self) -> None:
         """Move columns (not the first) with one value in every row of 2+ into the caption."""
-        if len(self.rows) < 2:
-            return
-        constant = [j for j in range(1, len(self.headers))
-                    if len({row[j] for row in self.rows}) == 1 and self.rows[0][j]]
+        constant = [j for j in range(1, len(self.headers)) if len(self.rows) > 1
+                    and len({row[j] for row in self.rows}) == 1 and self.rows[0][j]]
         if not constant or len(constant) == len(self.headers) - 1:
             return  # keep at least one column of values
         notes = [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]

@@ -7,7 +7,7 @@ Is A ahead of B, B ahead of A, or can the seeds not tell?
     str(v)   # "cannot be told apart: batch 256 minus batch 512 = +4.00 ± 1.73 points (3 seeds,
              #  paired); the smallest gap these seeds could call is 7.45 points"
 
-The rule (RULE): take A minus B seed by seed where both sides hold the same seeds (paired),
+The rule: take A minus B seed by seed where both sides hold the same seeds (paired),
 else the difference of the two means with Welch's standard error (unpaired). A side is ahead
 only when the mean difference is further from zero than Student's t at n - 1 degrees of
 freedom (Welch-Satterthwaite's when unpaired), two-sided 95%, times its standard error; so,
@@ -36,9 +36,6 @@ except ImportError:
     _myst_glue = None
 
 LEVEL = 0.95             # two-sided: a winner is named 1 time in 20 when there is none
-RULE = ("A is ahead of B when the mean difference A - B is further from zero than Student's "
-        "t (95%, n - 1 degrees of freedom) times its standard error (paired by seed where "
-        "both have the same seeds); otherwise they cannot be told apart")
 APART = "cannot be told apart"
 
 
@@ -78,14 +75,11 @@ class Verdict:
     @property
     def winner(self) -> str | None:
         """The name of the side ahead, or None when the seeds cannot tell."""
-        for name in self.names:
-            if self.words == f"{name} ahead":
-                return name
-        return None
+        return next((name for name in self.names if self.words == f"{name} ahead"), None)
 
     def __str__(self) -> str:
-        """'A ahead by 4.00 ± 1.73 points (A minus B, 3 seeds, paired)' with the winner's
-        margin positive, or 'cannot be told apart: A minus B = ...; the smallest gap these seeds could call is ...'."""
+        """'A ahead by 4.00 ± 1.73 points (A minus B, 3 seeds, paired)', the margin positive;
+        or 'cannot be told apart: A minus B = ...; the smallest gap these seeds could call is ...'."""
         if self.n == 0:          # a side with no finished seed: there is no number to show
             return self.words
         unit = f" {self.unit}" if self.unit else ""
@@ -127,8 +121,8 @@ def _no_finished_seed(a, b, names) -> Verdict | None:
     missing = [name for name, side in zip(names, (a, b)) if not len(side)]
     if not missing:
         return None
-    words = f"{' and '.join(missing)}: no finished seed (diverged or failed); {APART}"
-    return Verdict(tuple(names), math.nan, math.nan, 0, True, words)
+    return Verdict(tuple(names), math.nan, math.nan, 0, True,
+                   f"{' and '.join(missing)}: no finished seed (diverged or failed); {APART}")
 
 
 def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
@@ -137,8 +131,7 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
 
     `scale` multiplies the differences (100 turns accuracies into points); set
     `lower_is_better` for times, so that the faster side is the one ahead."""
-    empty = _no_finished_seed(a, b, names)
-    if empty is not None:
+    if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     seeds = sorted(set(a) & set(b))
     diffs = _finite(scale * (a[s] - b[s]) for s in seeds)
@@ -153,14 +146,11 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     """A against B when the runs share no seeds: the difference of the means, with Welch's
     standard error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is
     the smaller side's number of seeds."""
-    empty = _no_finished_seed(a, b, names)
-    if empty is not None:
+    if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
-    ma, _, sea = mean_std_se(a)
-    mb, _, seb = mean_std_se(b)
-    n = min(len(a), len(b))
-    mean, se = ma - mb, math.hypot(sea, seb)
+    (ma, _, sea), (mb, _, seb) = mean_std_se(a), mean_std_se(b)
+    mean, se, n = ma - mb, math.hypot(sea, seb), min(len(a), len(b))
     dof = _welch_dof(sea, len(a), seb, len(b))
     words = decide(mean, se, names, n, lower_is_better, dof)
     return Verdict(tuple(names), mean, se, n, False, words, unit, dof)
