@@ -20,18 +20,14 @@ PHASES = ("scatter", "replicate", "forward", "gather", "backward + reduce")
 
 def dp_breakdown(net: nn.Module, devices: Sequence[torch.device], batch_size: int,
                  steps: int = 5) -> dict[str, float]:
-    """Mean seconds per step of each DataParallel phase, for `net` already on `devices[0]`.
-
-    Raises:
-        ValueError: without CUDA devices, where DataParallel is a pass-through.
-    """
+    """Mean seconds per step of each DataParallel phase, for `net` already on `devices[0]`; a
+    ValueError without CUDA devices, where DataParallel is a pass-through."""
     devices = [torch.device(d) for d in devices]
     if any(d.type != "cuda" for d in devices):
         raise ValueError("the DataParallel breakdown needs CUDA devices; on the CPU "
                          "DataParallel just calls the module")
     x = torch.randn(batch_size, 1, 28, 28, device=devices[0])
     y = torch.randint(0, 10, (batch_size,), device=devices[0])
-    loss_fn = nn.CrossEntropyLoss()
     totals: dict[str, float] = {}
     for step in range(steps + 1):                     # step 0 warms up, and is not counted
         clocks = [timed(devices) for _ in PHASES]
@@ -44,7 +40,7 @@ def dp_breakdown(net: nn.Module, devices: Sequence[torch.device], batch_size: in
         with clocks[3]:
             out = gather(outs, devices[0])
         with clocks[4]:
-            loss_fn(out, y).backward()
+            nn.functional.cross_entropy(out, y).backward()
         net.zero_grad(set_to_none=True)
         if step:
             for phase, clock in zip(PHASES, clocks):
@@ -66,7 +62,6 @@ def replicate_seconds(net: nn.Module, devices: Sequence[torch.device], reps: int
         synchronize(devices)
         return time.perf_counter()
 
-    timer = benchmark.Timer("replicate(net, devices)", timer=clock,
-                            globals=dict(replicate=replicate, net=net, devices=devices),
-                            num_threads=torch.get_num_threads())
-    return timer.timeit(reps).mean
+    return benchmark.Timer("replicate(net, devices)", timer=clock,
+                           globals=dict(replicate=replicate, net=net, devices=devices),
+                           num_threads=torch.get_num_threads()).timeit(reps).mean

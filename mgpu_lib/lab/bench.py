@@ -2,9 +2,8 @@
 
     python -m mgpu_lib bench --width 64 --batch-size 256 --steps 3 --repeats 3 --out bench.jsonl
 
-`bench` times the chapter's loop ("reference") and the fast loop, alternating A B A B after a
-warm-up, and reports medians, TFLOP/s against the device's peak, and memory. `measure` does the
-same for any set of switches (the ablation on the Performance page).
+`bench` times the chapter's loop ("reference") against the fast loop, with TFLOP/s against the
+device's peak and memory; `measure` times any set of switches (the Performance page's ablation).
 """
 from __future__ import annotations
 
@@ -30,15 +29,15 @@ from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
 
+CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
+
 
 def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
     """The datasheet peak (`scaling.DEVICES`) a loop's convolutions run at on `device`: the
     tensor cores' under bf16 (where they do bf16) or fp16 autocast, else the fp32 loop's
     (`conv_peak_tflops`: TF32 from Ampere on, FP32 before); None for a device with no datasheet."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    spec = spec_for_name(torch.cuda.get_device_name(device))
+    spec = spec_for_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if spec is None:
         return None
     if (bf16 and spec.tensor_dtype == "bf16") or (fp16 and spec.tensor_tflops):
@@ -48,8 +47,7 @@ def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
 
 def add_tflops(modes: dict, width: int, device) -> float:
     """Add achieved TFLOP/s and the share of the device's peak to each of `measure`'s modes;
-    returns the training FLOPs per image they are based on (`FlopCounterMode`'s count of a
-    forward and backward)."""
+    returns the training FLOPs per image (`FlopCounterMode`'s count, forward and backward)."""
     flops = train_flops(resnet18(width=width))
     for m in modes.values():
         m["tflops"] = m["median"] * flops / 1e12
@@ -60,33 +58,29 @@ def add_tflops(modes: dict, width: int, device) -> float:
     return flops
 
 
-class _Mode:
-    """One loop under test: its own model, optimizer and endless batch iterator."""
+def _mode(switches: Switches, width: int, images, labels, batch: int, device,
+          num_workers: Optional[int]) -> Callable[[int], float]:
+    """One loop under test (its own model, optimizer, batches): `run(steps)` -> images/s."""
+    net = prepare_model(make_model(TrainConfig(width=width), device), switches)
+    model = torch.compile(net) if switches.compile else net
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    step = (chapter_step(model, optimizer, nn.CrossEntropyLoss(), device)
+            if switches == REFERENCE else   # the chapter's loop body, line by line
+            make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches))
+    # one iterator, kept alive between runs: worker start-up is not timed
+    batches = iter(DeviceLoader(images, labels, batch, shuffle=True, device=device)
+                   if switches.device_data else    # else the chapter's loader
+                   chapter_loader(images, labels, batch, shuffle=True, num_workers=num_workers))
 
-    def __init__(self, switches: Switches, width: int, images, labels, batch: int, device,
-                 num_workers: Optional[int]):
-        self.switches, self.device = switches, device
-        self.net = prepare_model(make_model(TrainConfig(width=width), device), switches)
-        model = torch.compile(self.net) if switches.compile else self.net
-        optimizer = torch.optim.SGD(self.net.parameters(), lr=0.05)
-        self.step = (chapter_step(model, optimizer, nn.CrossEntropyLoss(), device)
-                     if switches == REFERENCE else   # the chapter's loop body, line by line
-                     make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches))
-        self.loader = (DeviceLoader(images, labels, batch, shuffle=True, device=device)
-                       if switches.device_data else    # else the chapter's loader
-                       chapter_loader(images, labels, batch, shuffle=True,
-                                      num_workers=num_workers))
-        self.batches = iter(self.loader)    # kept alive: worker start-up is not timed
-
-    def run(self, steps: int) -> float:
-        """Train `steps` steps; returns images per second."""
-        self.net.train()
-        with cudnn_benchmark(self.switches.cudnn_benchmark):
-            return images_per_second(self.batches, steps, self.device, self.step)
+    def run(steps: int) -> float:
+        net.train()
+        with cudnn_benchmark(switches.cudnn_benchmark):
+            return images_per_second(batches, steps, device, step)
+    return run
 
 
-def images_per_second(batches: Iterator, steps: int, device, step: Optional[Callable] = None
-                      ) -> float:
+def images_per_second(batches: Iterator, steps: int, device,
+                      step: Optional[Callable] = None) -> float:
     """Images per second of the next `steps` batches of `batches`, each moved to `device` and
     passed to `step(x, y)` (None: only delivered), timed by `devices.timed`."""
     n = 0
@@ -111,41 +105,37 @@ def peak_rss_mb() -> float:
 def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int = 5,
             repeats: int = 3, warmup_steps: int = 2, device=None,
             num_workers: Optional[int] = None) -> dict:
-    """Images/s of each mode in `modes` (name -> Switches), round-robin over `repeats`.
-
-    Every mode first trains `warmup_steps` untimed steps; then each repeat runs every mode for
-    `steps` steps in turn (A B A B ...), so slow drifts of a shared machine hit all modes alike.
-    """
+    """Images/s of each mode in `modes` (name -> Switches), round-robin over `repeats`: after
+    `warmup_steps` untimed steps each, every repeat runs every mode `steps` steps in turn
+    (A B A B ...), so slow drifts of a shared machine hit all modes alike."""
     device = torch.device(device) if device is not None else try_gpu()
     n = batch_size * (warmup_steps + steps * repeats)
     data = synthetic_fashion_mnist(n_train=n, n_test=1)      # content does not change speed
-    state = {name: _Mode(sw, width, data["train_images"], data["train_labels"], batch_size,
-                         device, num_workers) for name, sw in modes.items()}
+    runs = {name: _mode(sw, width, data["train_images"], data["train_labels"], batch_size,
+                        device, num_workers) for name, sw in modes.items()}
     rates = {name: [] for name in modes}
     peak_mem = {name: 0.0 for name in modes}
-    for name, mode in state.items():
-        mode.run(warmup_steps)
+    for run in runs.values():
+        run(warmup_steps)
     for _ in range(repeats):
-        for name, mode in state.items():
+        for name, run in runs.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            rates[name].append(mode.run(steps))
+            rates[name].append(run(steps))
             if device.type == "cuda":
                 peak_mem[name] = max(peak_mem[name],
                                      torch.cuda.max_memory_allocated(device) / 2**20)
-    del state                                  # shuts the loaders' worker processes down
+    del runs                                   # shuts the loaders' worker processes down
     return {name: {"switches": modes[name].to_dict(), "describe": modes[name].describe(),
-                   "images_per_second": rates[name],
-                   "median": statistics.median(rates[name]),
+                   "images_per_second": rates[name], "median": statistics.median(rates[name]),
                    "peak_memory_mb": peak_mem[name] if device.type == "cuda" else None}
             for name in modes}
 
 
 def batch_curve(batches: Sequence[int], *, width: int = 64, steps: int = 5, repeats: int = 3,
                 warmup_steps: int = 2, device=None) -> list[dict]:
-    """Images/s of the fast loop ("auto" switches) at each batch size: one row per batch with
-    its median rate, seconds per step, every repeat's rate and peak memory (CUDA only). The
-    rows are what `evidence.calibrate` fits a line to."""
+    """Images/s of the fast loop ("auto" switches) at each batch size, one row per batch (peak
+    memory on CUDA only): the rows `evidence.calibrate` fits a line to."""
     device = torch.device(device) if device is not None else try_gpu()
     rows = []
     for b in batches:
@@ -175,8 +165,7 @@ def bench_device(device=None) -> torch.device:
 def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: int = 3,
           warmup_steps: int = 2, device=None, num_workers: Optional[int] = None,
           bf16=AUTO, norm_fp32: bool = False) -> dict:
-    """The chapter's loop vs the fast loop ("auto" switches for `device`, with `bf16` and
-    `norm_fp32` as given), measured together."""
+    """The chapter's loop vs the fast loop ("auto" switches for `device`), measured together."""
     workers = chapter_workers(num_workers)       # a bad count is refused before any work
     device = bench_device(device)
     fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
@@ -186,15 +175,12 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
                     num_workers=num_workers)
     flops = add_tflops(modes, width, device)
     config = dict(device=str(device), width=width, batch_size=batch_size, steps=steps,
-                  repeats=repeats, warmup_steps=warmup_steps,
-                  num_workers=workers, bf16=bf16, norm_fp32=norm_fp32)
+                  repeats=repeats, warmup_steps=warmup_steps, num_workers=workers)
     # No profile: a benchmark's arguments (its config) set every size.
-    return {**header(hardware=describe_devices([device]), profile=None, config=config),
-            "kind": "bench", "device": str(device),
-            "width": width, "batch_size": batch_size, "steps": steps, "repeats": repeats,
-            "warmup_steps": warmup_steps, "num_workers": config["num_workers"],
-            "train_flops_per_image": flops, "cpu_bf16": cpu_bf16_support(),
-            "chapter_loop": CHAPTER_LOOP, "modes": modes,
+    return {**header(hardware=describe_devices([device]), profile=None,
+                     config={**config, "bf16": bf16, "norm_fp32": norm_fp32}),
+            "kind": "bench", **config, "train_flops_per_image": flops,
+            "cpu_bf16": cpu_bf16_support(), "chapter_loop": CHAPTER_LOOP, "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": peak_rss_mb()}
 
@@ -202,9 +188,8 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
 def format_bench(result: dict) -> list:
     """The lines `python -m mgpu_lib bench` prints."""
     r = result
-    lines = [f"bench: ResNet-18 width {r['width']}, batch {r['batch_size']}, {r['steps']} steps "
-             f"x {r['repeats']} repeats, alternating after {r['warmup_steps']} warm-up steps, "
-             f"on {r['hardware']}"]
+    lines = ["bench: ResNet-18 width {width}, batch {batch_size}, {steps} steps x {repeats} "
+             "repeats, alternating after {warmup_steps} warm-up steps, on {hardware}".format_map(r)]
     for name, m in r["modes"].items():
         peak = (f"{m['percent_of_peak']:.1f}% of {m['peak_tflops']:g} TFLOP/s peak"
                 if m["peak_tflops"] else "peak unknown for this device")
@@ -217,15 +202,10 @@ def format_bench(result: dict) -> list:
     return lines
 
 
-CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
-
-
 def ablation_modes(fast: Switches, device) -> dict:
     """Reference, device data, then each other switch alone on top of it, then `fast` itself.
-
     bf16 is tried only where it is native (CUDA with bf16, or a CPU with AVX512-BF16/AMX):
-    emulated bf16 is slow and teaches nothing. compile is left out: it takes minutes.
-    """
+    emulated bf16 is slow and teaches nothing. compile is left out: it takes minutes."""
     device = torch.device(device)
     base = replace(REFERENCE, device_data=True, eval_batch_size=fast.eval_batch_size)
     modes = {"reference (the chapter's loop)": REFERENCE, "device data": base,

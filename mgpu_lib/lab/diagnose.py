@@ -1,25 +1,21 @@
 """Why is my multi-GPU run slower? Look at the machine, then name the likely causes, costliest
 first.
 
-`gather_facts` measures what this machine can say: the GPUs and their names, peer access
-between each pair (`torch.cuda.can_device_access_peer`), the link between them (`nvidia-smi topo
--m`, where it exists), the loader's rate alone, and where two CUDA devices exist, the seconds of
-a DataParallel step spent outside and inside compute. `causes` is a pure function of those
-`Facts`, so each rule is tested on described machines. Every threshold and every cost comes from
-the step-time model (`perf.scaling.predict_step_time` at the fit of the published runs, for the
-GPU named and the link `perf.scaling.pair_link` reads off the facts): each cause carries its
-cost in ms per step, predicted or measured, and the advice knows the strategy in use. Without
-a datasheet for the GPU (or on a CPU) it says what it can, and what it would check.
+`causes` is a pure function of the `Facts` that `gather_facts` measures, so each rule is tested
+on described machines. Every threshold and cost comes from the step-time model
+(`perf.scaling.predict_step_time` at the published runs' fit, for the GPU named and the link
+`pair_link` reads off the facts); without a datasheet (or on a CPU) it says what it can, and
+what it would check.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import textwrap
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from itertools import combinations, islice
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -52,8 +48,7 @@ class Facts:
 
 @dataclass(frozen=True)
 class Cause:
-    """One likely cause: its cost per step (None: not predicted), the figure that points to
-    it, and what to do."""
+    """One likely cause: its cost per step (None: not predicted), its figure and its fix."""
     name: str
     figure: str
     fix: str
@@ -87,18 +82,14 @@ class Machine:
                             published_fit().overheads(self.spec).efficiency)
 
 
-def _pairs(f: Facts) -> list[tuple[int, int]]:
-    n = len(f.devices)
-    return [(i, j) for i in range(n) for j in range(n) if i < j]
-
-
 def machine(f: Facts) -> Optional[Machine]:
     """The model of `f`'s machine, or None without a datasheet for its first GPU. The link is
     `pair_link` of the slowest pair the facts describe (P2P off, then its topo code)."""
     spec = spec_for_name(f.devices[0]) if f.devices else None
     if spec is None:
         return None
-    links = [pair_link(spec, f.peer.get(p), f.links.get(p)) for p in _pairs(f)]
+    links = [pair_link(spec, f.peer.get(p), f.links.get(p))
+             for p in combinations(range(len(f.devices)), 2)]
     link = min(links, key=lambda k: k.gbs) if links else pair_link(spec)
     return Machine(spec, link, max(len(f.devices), 1), f.width)
 
@@ -111,103 +102,86 @@ def small_batch(m: Machine, strategy: str = "dp") -> float:
     return rate * (m.step(m.n, strategy).total - 1 / rate)
 
 
-def _ms(seconds: float) -> float:
-    return 1e3 * seconds
-
-
 def _link_fix(strategy: str) -> str:
-    if strategy == "dp":
-        return "DDP overlaps that traffic with the backward pass; or fewer GPUs"
-    return ("a bigger per-device batch, or gradient accumulation (`no_sync`), all-reduces "
+    return ("DDP overlaps that traffic with the backward pass; or fewer GPUs" if strategy == "dp"
+            else "a bigger per-device batch, or gradient accumulation (`no_sync`), all-reduces "
             "less often per image; or fewer GPUs")
 
 
-def _hardware_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
-    out = []
+def _hardware_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
     if len(f.devices) < 2:
-        ms = (_ms(m.step(f.global_batch, "dp").total - m.step(f.global_batch, "dp", n=2).total)
+        ms = (1e3 * (m.step(f.global_batch, "dp").total - m.step(f.global_batch, "dp", n=2).total)
               if m else None)
-        out.append(Cause("fewer than two GPUs", f"{len(f.devices)} CUDA device(s)",
-                         "d2l.try_gpu(i) falls back to the CPU, so a '2-GPU' run trains on the "
-                         "same device as the 1-GPU run, with half as many steps per epoch", ms))
-    no_p2p = [p for p in _pairs(f) if f.peer.get(p) is False]
+        yield Cause("fewer than two GPUs", f"{len(f.devices)} CUDA device(s)",
+                    "d2l.try_gpu(i) falls back to the CPU, so a '2-GPU' run trains on the same "
+                    "device as the 1-GPU run, with half as many steps per epoch", ms)
+    no_p2p = [p for p in combinations(range(len(f.devices)), 2) if f.peer.get(p) is False]
     if no_p2p:
         names = ", ".join(f"{i}-{j}" for i, j in no_p2p)
-        ms = (_ms(m.step(f.global_batch, f.strategy).total
-                  - m.step(f.global_batch, f.strategy, pair_link(m.spec, True)).total)
+        ms = (1e3 * (m.step(f.global_batch, f.strategy).total
+                     - m.step(f.global_batch, f.strategy, pair_link(m.spec, True)).total)
               if m else None)
-        out.append(Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}; every "
-                         "copy between them stages through host memory (GeForce cards such as "
-                         "the RTX 4090 ship with P2P off)", _link_fix(f.strategy), ms))
+        yield Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}; every copy "
+                    "between them stages through host memory (GeForce cards such as the RTX "
+                    "4090 ship with P2P off)", _link_fix(f.strategy), ms)
     pcie = {p: c for p, c in f.links.items() if not c.startswith(NVLINK_PREFIX)}
     if pcie and not no_p2p:
         codes = ", ".join(f"{i}-{j}: {c}" for (i, j), c in sorted(pcie.items()))
-        ms = _ms(m.step(f.global_batch, f.strategy).communication) if m else None
-        out.append(Cause("PCIe, not NVLink", f"links from nvidia-smi topo -m: {codes}; each "
-                         "step's weights and gradients cross PCIe (SYS/NODE also cross the "
-                         "CPUs' interconnect)", _link_fix(f.strategy), ms))
-    return out
+        ms = 1e3 * m.step(f.global_batch, f.strategy).communication if m else None
+        yield Cause("PCIe, not NVLink", f"links from nvidia-smi topo -m: {codes}; each step's "
+                    "weights and gradients cross PCIe (SYS/NODE also cross the CPUs' "
+                    "interconnect)", _link_fix(f.strategy), ms)
 
 
-def _run_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
-    n, out = max(len(f.devices), 1), []
+def _run_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
+    n = max(len(f.devices), 1)
     per = f.global_batch / n
-    if m and per < small_batch(m, f.strategy):
+    if m and per < (small := small_batch(m, f.strategy)):
         # a device's own fixed costs: launches, the optimizer, SMs a small batch leaves idle
         fixed = m.step(per, f.strategy, n=1).total - per / m.rate()
-        out.append(Cause("small per-device batch", f"{per:g} images per device, below the "
-                         f"{small_batch(m, f.strategy):.0f} at which this machine's fixed "
-                         "per-step costs equal its compute",
-                         "grow the global batch with the devices (and scale the lr)",
-                         _ms(fixed)))
+        yield Cause("small per-device batch", f"{per:g} images per device, below the "
+                    f"{small:.0f} at which this machine's fixed per-step costs equal its compute",
+                    "grow the global batch with the devices (and scale the lr)", 1e3 * fixed)
     if f.strategy == "dp" and n > 1:
         fit, spec = published_fit(), m.spec if m else None
         lo, hi = (dp_python_s(workload(f.width), n, fit.overheads(spec, 1, t)) for t in (0, 2))
-        ms = (_ms(m.step(f.global_batch, "dp").total - m.step(f.global_batch, "ddp").total)
+        ms = (1e3 * (m.step(f.global_batch, "dp").total - m.step(f.global_batch, "ddp").total)
               if m else None)
-        python = f"{_ms(lo):.0f} to {_ms(hi):.0f}" if hi > lo else f"{_ms(lo):.0f}"
-        out.append(Cause("DataParallel", f"{python} ms of Python per step on {n} GPUs "
-                         f"({fit.basis(spec)}), and none of its traffic overlaps the backward "
-                         "pass",
-                         "one process rebuilds the replicas every step and drives them from "
-                         "threads under the GIL: DistributedDataParallel, one process per GPU",
-                         ms))
-    if f.strategy == "dp" and f.outside_s is not None and f.compute_s is not None \
-            and f.outside_s > f.compute_s:
-        out.append(Cause("step mostly overhead", f"{_ms(f.outside_s):.1f} ms of a step outside "
-                         f"forward and backward (scatter, replicate, gather), more than its "
-                         f"{_ms(f.compute_s):.1f} ms inside", "more work per step (a bigger "
-                         "batch) or DDP", _ms(f.outside_s), "measured"))
-    return out
+        python = f"{1e3 * lo:.0f} to {1e3 * hi:.0f}" if hi > lo else f"{1e3 * lo:.0f}"
+        yield Cause("DataParallel", f"{python} ms of Python per step on {n} GPUs "
+                    f"({fit.basis(spec)}), and none of its traffic overlaps the backward pass",
+                    "one process rebuilds the replicas every step and drives them from threads "
+                    "under the GIL: DistributedDataParallel, one process per GPU", ms)
+    if f.strategy == "dp" and None not in (f.outside_s, f.compute_s) and f.outside_s > f.compute_s:
+        yield Cause("step mostly overhead", f"{1e3 * f.outside_s:.1f} ms of a step outside "
+                    f"forward and backward (scatter, replicate, gather), more than its "
+                    f"{1e3 * f.compute_s:.1f} ms inside", "more work per step (a bigger batch) "
+                    "or DDP", 1e3 * f.outside_s, "measured")
 
 
-def _loader_causes(f: Facts, m: Optional[Machine]) -> list[Cause]:
-    out = []
+def _loader_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
     # the GPUs' step: the model's where it has a datasheet, else the run's as measured
     step = (m.step(f.global_batch, f.strategy).total if m else
             f.global_batch / f.train_images_per_s if f.train_images_per_s else None)
-    if f.loader_images_per_s and step is not None \
-            and f.global_batch / f.loader_images_per_s > step:
+    load = f.global_batch / f.loader_images_per_s if f.loader_images_per_s else None
+    if load is not None and step is not None and load > step:
         trained = (f"the GPUs {f.global_batch / step:,.0f} images/s (predicted)" if m else
                    f"training {f.train_images_per_s:,.0f} images/s")
-        out.append(Cause("input pipeline", f"loader alone {f.loader_images_per_s:,.0f} "
-                         f"images/s, {trained}", "the GPUs wait for batches whatever their "
-                         "count: more workers, or keep the decoded images as tensors on the "
-                         "device (mgpu_lib.data.DeviceLoader)",
-                         _ms(f.global_batch / f.loader_images_per_s - step),
-                         "predicted" if m else "measured"))
+        yield Cause("input pipeline", f"loader alone {f.loader_images_per_s:,.0f} images/s, "
+                    f"{trained}", "the GPUs wait for batches whatever their count: more "
+                    "workers, or keep the decoded images as tensors on the device "
+                    "(mgpu_lib.data.DeviceLoader)", 1e3 * (load - step),
+                    "predicted" if m else "measured")
     if f.loader_workers and f.cpu_cores < f.loader_workers + 1:
-        out.append(Cause("too few cores", f"{f.loader_workers} loader workers on {f.cpu_cores} "
-                         "core(s)", "the workers compete with the training process for cores"))
-    return out
+        yield Cause("too few cores", f"{f.loader_workers} loader workers on {f.cpu_cores} "
+                    "core(s)", "the workers compete with the training process for cores")
 
 
 def causes(f: Facts) -> list[Cause]:
-    """The likely causes, costliest first (those without a predicted cost last), each with its
-    cost in ms per step and its figure (pure: test it on described machines). What the model
+    """The likely causes, costliest first (those without a predicted cost last). What the model
     says costs nothing (a PCIe all-reduce DDP hides behind backward) is no cause."""
     m = machine(f)
-    found = [c for c in _hardware_causes(f, m) + _run_causes(f, m) + _loader_causes(f, m)
+    found = [c for rule in (_hardware_causes, _run_causes, _loader_causes) for c in rule(f, m)
              if c.ms is None or c.ms >= 0.05]
     return sorted(found, key=lambda c: -c.ms if c.ms is not None else float("inf"))
 
@@ -246,22 +220,15 @@ def parse_topo(text: str) -> dict:
     (the header line starts with whitespace, NIC rows are skipped)."""
     rows = [ln.split() for ln in text.splitlines()
             if ln.startswith("GPU") and ln.split()[0][3:].isdigit()]
-    links = {}
-    for r in rows:
-        i = int(r[0][3:])
-        for j, code in enumerate(r[1:1 + len(rows)]):
-            if i < j:
-                links[(i, j)] = code
-    return links
+    return {(int(r[0][3:]), j): code for r in rows for j, code in enumerate(r[1:1 + len(rows)])
+            if int(r[0][3:]) < j}
 
 
 def topology() -> dict:
     """The link codes of this machine's GPUs, or {} where nvidia-smi is absent or fails."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return {}
-    try:
-        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
+    try:       # an absent nvidia-smi raises FileNotFoundError, an OSError
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                             timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return parse_topo(out.stdout) if out.returncode == 0 else {}
@@ -274,9 +241,7 @@ def loader_images_per_s(loader: Iterable, batches: int = 20) -> float:
     t0 = time.perf_counter()
     n = len(next(it)[0])
     t1 = time.perf_counter()
-    rest = 0
-    for _, (x, _) in zip(range(batches), it):
-        rest += len(x)
+    rest = sum(len(x) for x, _ in islice(it, batches))
     now = time.perf_counter()
     # a loader too short to warm up: count its first batch, worker start included
     return rest / (now - t1) if rest else n / (now - t0)
@@ -292,12 +257,10 @@ def chapter_loader_images_per_s(batch: int, batches: int = 30) -> float:
 
 def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,
                  train_images_per_s: Optional[float] = None, width: int = 64) -> Facts:
-    """Measure this machine: devices, P2P per pair, links, the loader alone, and (with two
-    CUDA devices) the seconds of a DataParallel step outside and inside forward and backward."""
+    """Measure this machine's `Facts` (the DataParallel step's split with two CUDA devices)."""
     n = torch.cuda.device_count()
     devices = tuple(torch.cuda.get_device_name(i) for i in range(n))
-    peer = {(i, j): torch.cuda.can_device_access_peer(i, j)
-            for i in range(n) for j in range(n) if i < j}
+    peer = {(i, j): torch.cuda.can_device_access_peer(i, j) for i, j in combinations(range(n), 2)}
     outside = inside = None
     if n >= 2:
         net = resnet18(width=width).to("cuda:0")

@@ -56,16 +56,11 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
              conditions=CONDITIONS, devices=None,
              log: Optional[Callable[[str], None]] = None) -> list[dict]:
-    """The runs of one seed (`conditions`: CONDITIONS and EXTRA), each a record with its
-    per-epoch test accuracy. `devices` (default: the CPU): the runs at B use the first, those
-    at 2B all of them, as the chapter's two calls do.
-
-    Args:
-        seed: seeds the weights and the data order (the same images, in the same order, for
-            every run at one batch size).
-        width: the ResNet's width (64: the chapter's); batch_size, lr: the first run's (the
-            second runs use twice both, as the chapter's 2-GPU call does).
-    """
+    """The runs of one seed (`conditions`: of CONDITIONS and EXTRA), each a record with its
+    per-epoch test accuracy. `seed` seeds the weights and the data order (the same images, in the
+    same order, for every run at one batch size); `width` 64 is the chapter's. The runs at B use
+    `batch_size`, `lr` and the first of `devices` (default: the CPU); those at 2B twice both and
+    all of them, as the chapter's two calls do."""
     devices = list(devices or [torch.device("cpu")])
     data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
                                   test_limit=test_limit, seed=seed)
@@ -90,13 +85,12 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
         torch.manual_seed(seed)
         net = lazy_resnet18(width=width)
         records = [one("first", net, 1), one("reused", net, 2)]
-    for condition, scale in (("fresh", 2), ("fresh_small", 1)):
+    for condition, scale in (("fresh", 2), ("fresh_small", 1), ("first_large", 2)):
         if condition in conditions:
             torch.manual_seed(seed)
-            records.append(one(condition, reset_like_mxnet(lazy_resnet18(width=width)), scale))
-    if "first_large" in conditions:
-        torch.manual_seed(seed)
-        records.append(one("first_large", lazy_resnet18(width=width), 2))
+            net = lazy_resnet18(width=width)
+            start = net if condition == "first_large" else reset_like_mxnet(net)
+            records.append(one(condition, start, scale))
     return records
 
 

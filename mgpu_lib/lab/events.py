@@ -93,29 +93,25 @@ def classify(name: str) -> Optional[str]:
     return next((kind for kind, pattern in KIND_OF if pattern.search(name)), None)
 
 
-def _host_items(raw: list):
-    """(when, kind, name, start, duration) of the events the host ran (gloo: everything)."""
-    for e in raw:
-        kind = classify(e["name"]) if e.get("cat") != "gpu_user_annotation" else None
-        if kind:
-            yield e["ts"], kind, e["name"].rsplit(": ", 1)[-1], e["ts"], e["dur"]
-
-
-def _gpu_items(raw: list):
-    """On a GPU the host only launches work: backward ops are the kernels launched inside a
-    `backward` mark, all-reduces NCCL's kernels; each belongs to the step that launched it."""
+def _items(raw: list):
+    """(when, kind, name, start, duration) of the events to keep: without a GPU every event the
+    host ran (gloo: everything). On a GPU the host only launches work: backward ops are the
+    kernels launched inside a `backward` mark, all-reduces NCCL's kernels; each belongs to the
+    step that launched it."""
+    gpu = any(e.get("cat") == "kernel" for e in raw)
     launched = {e["args"]["correlation"]: e["ts"] for e in raw
                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     passes = [(e["ts"], e["ts"] + e["dur"]) for e in raw
               if e["name"] == "backward" and e.get("cat") == "user_annotation"]
     for e in raw:
-        when = launched.get(e.get("args", {}).get("correlation"), e["ts"])
-        if e.get("cat") == "kernel" and re.search(r"nccl.*AllReduce", e["name"], re.I):
+        cat, when = e.get("cat"), launched.get(e.get("args", {}).get("correlation"), e["ts"])
+        kind = classify(e["name"]) if cat != "gpu_user_annotation" else None
+        if gpu and cat == "kernel" and re.search(r"nccl.*AllReduce", e["name"], re.I):
             yield when, "allreduce", e["name"], e["ts"], e["dur"]
-        elif e.get("cat") == "kernel" and any(a <= when < b for a, b in passes):
+        elif gpu and cat == "kernel" and any(a <= when < b for a, b in passes):
             yield when, "backward", e["name"], e["ts"], e["dur"]
-        elif e.get("cat") in ("user_annotation", "cpu_op") and classify(e["name"]) in HOST:
-            yield when, classify(e["name"]), e["name"].rsplit(": ", 1)[-1], e["ts"], e["dur"]
+        elif kind and (not gpu or cat in ("user_annotation", "cpu_op") and kind in HOST):
+            yield when, kind, e["name"].rsplit(": ", 1)[-1], e["ts"], e["dur"]
 
 
 def read_trace(path, variant: str = "", rank: int = 0) -> RankTrace:
@@ -127,8 +123,7 @@ def read_trace(path, variant: str = "", rank: int = 0) -> RankTrace:
                    and e.get("cat") != "gpu_user_annotation")     # the GPU's copy of the mark
     if not steps:
         raise ValueError(f"{path} has no ProfilerStep marks: not a trace of recorded steps")
-    gpu = any(e.get("cat") == "kernel" for e in raw)
-    items = sorted(_gpu_items(raw) if gpu else _host_items(raw), key=lambda i: i[0])
+    items = sorted(_items(raw), key=lambda i: i[0])
     forwards = [i[0] for i in items if i[1] == "forward"]
     t0, events = steps[0][0], []
     for when, kind, name, ts, dur in items:
@@ -172,9 +167,8 @@ class Overlap:
         """The same share as the step-time model puts it: it hides up to `overlap` x the
         backward time (default `scaling.Overheads.overlap`)."""
         overlap = Overheads().overlap if overlap is None else overlap
-        if not self.allreduce_s:
-            return 0.0
-        return min(self.allreduce_s, overlap * self.backward_s) / self.allreduce_s
+        hidden = min(self.allreduce_s, overlap * self.backward_s)
+        return hidden / self.allreduce_s if self.allreduce_s else 0.0
 
     def model_words(self, overlap: Optional[float] = None, within: float = 0.1) -> str:
         """How the model's hidden share stands to the measured one: within `within` (a share,
@@ -195,8 +189,7 @@ def measure_overlap(trace: RankTrace) -> Overlap:
         last = spans[-1] if spans else (0.0, 0.0)
         rows.append((last[1] - last[0], sum(e.duration for e in comm), hidden, len(comm),
                      sum(e.start < last[1] for e in comm)))
-    n = max(len(rows), 1)
-    return Overlap(*(sum(col) / n for col in zip(*rows))) if rows else Overlap(0, 0, 0, 0, 0)
+    return Overlap(*(sum(c) / len(rows) for c in zip(*rows))) if rows else Overlap(0, 0, 0, 0, 0)
 
 
 # ---- stored events: what the figures draw from ---------------------------------------------------

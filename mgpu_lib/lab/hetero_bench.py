@@ -24,11 +24,8 @@ def median_seconds(fn: Callable[[], object], devices, steps: int) -> float:
 
 
 def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
-    """Seconds per step for the sync alone: gradients to the main device, weights back.
-
-    Leaves the weights as they were (no optimizer step); every replica's gradients are
-    cleared afterwards.
-    """
+    """Seconds per step for the sync alone: gradients to the main device, weights back. The
+    weights stay as they were (no optimizer step); every replica's gradients end cleared."""
     everyone = list(range(len(hdp.devices)))
     for r in hdp.replicas:
         for p in r.parameters():
@@ -46,9 +43,8 @@ def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
 
 def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Sequence[float],
                 sync_s: float, shares: Sequence[int], *, steps: int = 3) -> list[dict]:
-    """For each share of the batch `x` given to the second device: seconds per step predicted
-    (`split.predict_hetero_step`) and measured (the median of `steps` steps after a warm-up),
-    one row per share."""
+    """One row per share of the batch `x` given to the second device: seconds per step predicted
+    (`split.predict_hetero_step`) and measured (the median of `steps` steps after a warm-up)."""
     b = len(x)
     return [dict(share=k, predicted_s=predict_hetero_step(speeds, [b - k, k], sync_s),
                  measured_s=median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn,

@@ -32,7 +32,7 @@ import textwrap
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -194,17 +194,13 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float,
               log: Optional[Callable[[str], None]] = None) -> Ended:
     """Run `python ARGS` as ranks 0..nprocs-1 on this machine (torch sets RANK, WORLD_SIZE,
     MASTER_ADDR, ...); rank 0's progress lines go to `log`. `job` is an empty folder the job
-    owns (a `job_folder`): the agent removes it if its parent dies.
-
-    Raises:
-        RankInputError: a rank refused its input (a ValueError).
-        LaunchError: a rank failed or the job timed out; the message names the rank and error.
-    """
+    owns (a `job_folder`): the agent removes it if its parent dies. A rank that refused its input
+    raises a `RankInputError` (a ValueError); a failed rank or a timeout a `LaunchError`."""
     job = Path(job)
     (job / "job.json").write_text(json.dumps({"nprocs": nprocs, "args": list(args)}),
                                   encoding="utf-8")
-    cmd = [sys.executable, "-m", "mgpu_lib.lab.launcher", str(job)]
-    ended = supervise(cmd, env, timeout_s, log, logs=job / "logs")
+    ended = supervise([sys.executable, "-m", "mgpu_lib.lab.launcher", str(job)], env, timeout_s,
+                      log, logs=job / "logs")
     if ended.code != 0:
         path = job / "failures.json"
         records = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
@@ -216,9 +212,8 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float,
 def job_folder(prefix: str):
     """A temporary folder for one job, removed on any exit. While it exists, SIGTERM raises
     `Terminated` (main thread only), so that the job's processes and the folder go too."""
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminated)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
             yield Path(tmp)
@@ -241,15 +236,26 @@ def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] =
                             text=True, encoding="utf-8", errors="replace", **popen_options())
     reader = threading.Thread(target=_pump, args=(proc, tail, log), daemon=True)
     reader.start()
-    ended = Ended(code=-1)
+    ended, deadline, failed_at = Ended(code=-1), time.monotonic() + timeout_s, None
     try:
-        ended.code = _wait(proc, ended, time.monotonic() + timeout_s, logs)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        reader.join(5)
-        last = next((t for t in reversed(tail) if t.strip()), "nothing")
-        raise LaunchError(f"DDP job timed out after {timeout_s:g} s (a rank hung or is too "
-                          f"slow) and was stopped; last output: {last}") from None
+        while True:
+            with suppress(subprocess.TimeoutExpired):
+                ended.code = proc.wait(POLL_S)
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                stop(proc)
+                reader.join(5)
+                last = next((t for t in reversed(tail) if t.strip()), "nothing")
+                raise LaunchError(f"DDP job timed out after {timeout_s:g} s (a rank hung or is "
+                                  f"too slow) and was stopped; last output: {last}")
+            if failed_at is None and logs and any(Path(logs).rglob("error.json")):
+                failed_at = now
+            if failed_at is not None and now - failed_at > SHUTDOWN_GRACE_S:
+                ranks = tree(proc.pid)
+                ended.stopped.update(p.pid for p in ranks)     # noted for `failure`'s blame
+                stop_all(ranks, grace_s=0)          # the agent then reports them and exits
+                failed_at = float("inf")            # once
     finally:
         if proc.poll() is None:     # an interrupt or another error: leave nothing behind
             stop(proc)
@@ -259,7 +265,6 @@ def supervise(cmd, env, timeout_s: float, log: Optional[Callable[[str], None]] =
 
 
 def _pump(proc: subprocess.Popen, tail: deque, log: Optional[Callable[[str], None]]) -> None:
-    """Read `proc`'s output: keep the tail and pass rank 0's lines to `log`."""
     for line in proc.stdout:
         line = line.rstrip()
         tail.append(line)
@@ -268,31 +273,6 @@ def _pump(proc: subprocess.Popen, tail: deque, log: Optional[Callable[[str], Non
                 log(line[len(LOG):])
             except Exception:       # a broken `log` must not stop the reading
                 log = None
-
-
-def _wait(proc: subprocess.Popen, ended: Ended, deadline: float, logs) -> int:
-    """The agent's exit code. Once a rank's error file appears under `logs`, the ranks get
-    SHUTDOWN_GRACE_S before they are killed (and noted in `ended.stopped`).
-
-    Raises:
-        subprocess.TimeoutExpired: `deadline` (a `time.monotonic()` value) passed first.
-    """
-    failed_at = None
-    while True:
-        try:
-            return proc.wait(POLL_S)
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if now >= deadline:
-            raise subprocess.TimeoutExpired(proc.args, 0)
-        if failed_at is None and logs and any(Path(logs).rglob("error.json")):
-            failed_at = now
-        if failed_at is not None and now - failed_at > SHUTDOWN_GRACE_S:
-            ranks = tree(proc.pid)
-            ended.stopped.update(p.pid for p in ranks)
-            stop_all(ranks, grace_s=0)              # the agent then reports them and exits
-            failed_at = float("inf")                # once
 
 
 def tree(pid: int) -> list:
@@ -306,16 +286,12 @@ def tree(pid: int) -> list:
 def stop_all(procs: list, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     """Terminate `procs`, give them `grace_s` to exit, then kill what is left."""
     for p in procs:
-        try:
+        with suppress(psutil.Error):
             p.terminate() if grace_s else p.kill()
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
-        try:
+        with suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=SHUTDOWN_GRACE_S)
 
 
@@ -357,8 +333,7 @@ def _blame(record: dict, stopped: set) -> tuple:
     own = record["error"] is not None
     ours = not own and (record["signal"] == "SIGTERM" or record["pid"] in stopped)
     name, text = _exception(record)
-    symptom = own and name.split(".")[-1] != RankInputError.__name__ and \
-        bool(SYMPTOM.search(text))
+    symptom = own and name.split(".")[-1] != RankInputError.__name__ and bool(SYMPTOM.search(text))
     return ours, symptom, record["at_ns"], record["rank"]
 
 
@@ -393,22 +368,17 @@ def _explain(detail: str) -> str:
 def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
            collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
            resume: bool = False, log: Optional[Callable[[str], None]] = None) -> TrainResult:
-    """Train `config` as a DDP job of `nprocs` processes on this machine; rank 0's result.
+    """Train `config` as a DDP job of `nprocs` processes on this machine; rank 0's `TrainResult`
+    (a diverged run is a result with status "diverged").
 
-    Args:
-        config: what to train; `batch_size` is the global batch, split evenly over the ranks.
-        nprocs: processes (one per GPU with nccl; "virtual devices" sharing the CPU with gloo).
-        backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
-        timeout_s: the whole job's limit; past it every process is stopped.
-        collective_timeout_s: how long a rank waits in a collective for a silent peer.
-        checkpoint: a folder for per-epoch checkpoints; `resume` continues from the last one.
-        log: called with each of rank 0's progress lines as it arrives (e.g. `print`).
-    Returns:
-        Rank 0's `TrainResult`; a diverged run is a result with status "diverged".
-    Raises:
-        DeviceError: more processes than this machine has devices or memory for.
-        RankInputError: a rank refused its input (missing data, say): a ValueError.
-        LaunchError: a rank failed or the job timed out (the message names the rank and error).
+    `config.batch_size` is the global batch, split evenly over the ranks. With nccl a process
+    is a GPU, with gloo a "virtual device" sharing the CPU (`backend` "auto": nccl with CUDA).
+    Past `timeout_s` every process is stopped; `collective_timeout_s` is how long a rank waits
+    in a collective for a silent peer. `checkpoint` is a folder for per-epoch checkpoints;
+    `resume` continues from the last one. `log` gets rank 0's progress lines as they arrive
+    (`print`, say). Raises DeviceError (more processes than this machine has devices or memory
+    for), RankInputError (a rank refused its input, missing data say: a ValueError) or
+    LaunchError (a rank failed or the job timed out; the message names the rank and error).
     """
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
@@ -424,8 +394,7 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
                 "--backend", backend, "--timeout", str(collective_timeout_s)]
         if checkpoint:
             args += ["--checkpoint", str(checkpoint)] + (["--resume"] if resume else [])
-        run_ranks(args, nprocs, tmp, env=rank_env(backend, nprocs), timeout_s=timeout_s,
-                  log=log)
+        run_ranks(args, nprocs, tmp, env=rank_env(backend, nprocs), timeout_s=timeout_s, log=log)
         return TrainResult.from_dict(json.loads(out.read_text(encoding="utf-8")), str(out))
 
 

@@ -1,16 +1,14 @@
 """What the CPU should do instead of training: prepare the next batch while the device trains.
 
-Measured over a few dozen batches, with random-crop and flip augmentation:
-- a torchvision `DataLoader` with per-sample PIL transforms at `num_workers` 0, 1 and 2
-  (`pin_memory` and `prefetch_factor` where a GPU exists);
-- the same loader with `num_workers=0`, overlapped with compute by a background thread;
-- device-resident data (`DeviceLoader`) augmented in batches on the device itself.
-Each is timed alone (how fast can it deliver?) and feeding a training step.
+Measured over a few dozen batches with random-crop and flip augmentation, each timed alone (how
+fast can it deliver?) and feeding a training step: a torchvision `DataLoader` with per-sample PIL
+transforms at 0, 1 and 2 workers; the same at 0 workers, overlapped with compute by a background
+thread; device-resident data (`DeviceLoader`) augmented in batches on the device itself.
 """
 from __future__ import annotations
 
-import queue
-import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -30,10 +28,9 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator = None) -> torch.T
     b, c, h, w = x.shape
     shift = torch.randint(0, 5, (2, b), generator=generator).to(x.device)
     flip = torch.rand(b, generator=generator).to(x.device) < 0.5
-    padded = F.pad(x, (2, 2, 2, 2))
     rows = (shift[0, :, None] + torch.arange(h, device=x.device))[:, :, None]
     cols = (shift[1, :, None] + torch.arange(w, device=x.device))[:, None, :]
-    out = padded[torch.arange(b, device=x.device)[:, None, None], :, rows, cols]
+    out = F.pad(x, (2, 2, 2, 2))[torch.arange(b, device=x.device)[:, None, None], :, rows, cols]
     out = out.permute(0, 3, 1, 2)                 # [B, H, W, C] -> [B, C, H, W]
     return torch.where(flip[:, None, None, None], out.flip(3), out)
 
@@ -41,49 +38,35 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator = None) -> torch.T
 def data_loader(images, labels, batch_size: int, num_workers: int, *, device,
                 seed: int = 0) -> torch.utils.data.DataLoader:
     """The classic per-sample CPU pipeline (PIL image, RandomCrop(28, padding=2),
-    RandomHorizontalFlip, ToTensor); pinned memory and two batches prefetched per worker on
-    CUDA."""
+    RandomHorizontalFlip, ToTensor); pinned memory on CUDA, and two batches prefetched per
+    worker (torch's default)."""
     from torchvision import transforms
     augment = transforms.Compose([transforms.RandomCrop(28, padding=2),
                                   transforms.RandomHorizontalFlip(), transforms.ToTensor()])
-    extra = dict(prefetch_factor=2) if num_workers > 0 else {}
     return torch.utils.data.DataLoader(
         PILImages(images, labels, augment), batch_size=batch_size, shuffle=True,
         num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
-        generator=torch.Generator().manual_seed(seed), **extra)
+        generator=torch.Generator().manual_seed(seed))
 
 
 def prefetch(batches: Iterable, device, depth: int = 2) -> Iterator:
     """Yield `batches` moved to `device`, prepared by a background thread `depth` ahead, so the
     next batch is built while the current one trains."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
+    it = iter(batches)
 
-    def work():
-        try:
-            for x, y in batches:
-                if stop.is_set():
-                    return
-                q.put((x.to(device, non_blocking=True), y.to(device, non_blocking=True)))
-        except BaseException as e:     # hand the error to the consumer
-            q.put(e)
-        q.put(done)
+    def load():     # one worker thread: batches are built in order, and its errors reach us
+        x, y = next(it)
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    try:
-        while (item := q.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():          # unblock a producer waiting on a full queue
+    with ThreadPoolExecutor(1) as pool:     # closing the generator waits for those in flight
+        ahead = deque(pool.submit(load) for _ in range(depth))
+        while True:
             try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(0.01)
+                batch = ahead.popleft().result()
+            except StopIteration:
+                return
+            ahead.append(pool.submit(load))
+            yield batch
 
 
 def device_batches(images, labels, batch_size: int, *, device, seed: int = 0) -> Iterator:
@@ -116,11 +99,8 @@ def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[],
 
 def measure_pipelines(net: nn.Module, images, labels, batch_size: int, device, *,
                       steps: int = 24) -> tuple[float, list[PipelineResult]]:
-    """(compute-only images/s on one fixed batch, one `PipelineResult` per pipeline).
-
-    Training runs forward, backward and an SGD step on `net` (which it changes), on `device`.
-    Images must be uint8 [N, 28, 28] on the CPU, with at least (steps + 2) x batch_size of them.
-    """
+    """(compute-only images/s on one fixed batch, one `PipelineResult` per pipeline). Training
+    (SGD) changes `net`; images: uint8 [N, 28, 28] on the CPU, N >= (steps + 2) x batch_size."""
     device = torch.device(device)
     net = net.to(device).train()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)

@@ -8,10 +8,8 @@ under `no_sync`). The profiler's schedule skips the first steps (DDP rebuilds it
 the first one), then records `active` steps and writes one Chrome trace per rank and variant
 (`OUT/<variant>/rank<r>.json`, open it in https://ui.perfetto.dev); `events.read_trace` reads
 them back. With gloo the all-reduces run on gloo's own threads, beside the backward ops; with NCCL,
-on a CUDA stream of their own. The ranks run as a training job's do (`launcher.run_ranks`;
-`python -m mgpu_lib.lab.trace SPEC` is one of them). On two or more GPUs `trace_dataparallel`
-traces DataParallel's step too: scatter, replicate, parallel_apply, gather, and the reduce in
-backward.
+on a CUDA stream of their own. The ranks run as a training job's do (`launcher.run_ranks`). On two
+or more GPUs `trace_dataparallel` traces DataParallel's step too.
 """
 from __future__ import annotations
 
@@ -73,8 +71,7 @@ class Variant:
 
 def default_variants(width: int) -> list:
     """Six buckets, one bucket, and one bucket with two micro-batches under `no_sync`."""
-    grad_mb = num_params(resnet18(width=width)) * 4 / 2**20
-    small = round(grad_mb / 6, 3)
+    small = round(num_params(resnet18(width=width)) * 4 / 2**20 / 6, 3)   # MiB of fp32 gradients
     return [Variant(f"buckets of {small:g} MiB", small), Variant("one bucket", ONE_BUCKET_MB),
             Variant("no_sync, 2 micro-batches", ONE_BUCKET_MB, accumulate=2)]
 
@@ -93,46 +90,31 @@ def default_bucket_bytes(width: int) -> list:
 
 # ---- running it -----------------------------------------------------------------------------------
 
-def _steps(model, optimizer, x, y, variant: Variant, count: int, prof) -> None:
-    """`count` optimizer steps, each of `variant.accumulate` micro-batches; all but the last
-    micro-batch's backward run under `no_sync`, so DDP all-reduces once per step."""
-    loss_fn = nn.CrossEntropyLoss()
-    for _ in range(count):
-        optimizer.zero_grad(set_to_none=True)
-        for micro in range(variant.accumulate):
-            last = micro == variant.accumulate - 1
-            with (nullcontext() if last else model.no_sync()):
-                with record_function("forward"):
-                    loss = loss_fn(model(x), y) / variant.accumulate
-                with record_function("backward"):
-                    loss.backward()
-        with record_function("optimizer"):
-            optimizer.step()
-        prof.step()
-
-
-def _trace_variant(config: TrainConfig, variant: Variant, rank: int, device, local_batch: int,
-                   active: int, out: Path, scratch: Path) -> None:
-    net = make_model(config, device)
-    model = DDP(net, device_ids=[device] if device.type == "cuda" else None,
-                bucket_cap_mb=variant.bucket_cap_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    gen = torch.Generator().manual_seed(config.seed + rank)
-    x = torch.rand(local_batch, 1, 28, 28, generator=gen).to(device)
-    y = torch.randint(0, 10, (local_batch,), generator=gen).to(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
+def _profile(model, config: TrainConfig, variant: Variant, device, batch: int, active: int,
+             seed: Optional[int] = None) -> profile:
+    """The profiler after WAIT + WARMUP + `active` optimizer steps on one random batch, each of
+    `variant.accumulate` micro-batches; all but the last micro-batch's backward run under
+    `no_sync`, so DDP all-reduces once per step."""
+    optimizer, loss_fn = torch.optim.SGD(model.parameters(), lr=config.lr), nn.CrossEntropyLoss()
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    x = torch.rand(batch, 1, 28, 28, generator=gen).to(device)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP,
                                                           active=active)) as prof:
-        _steps(model, optimizer, x, y, variant, WAIT + WARMUP + active, prof)
-    logged = model._get_ddp_logging_data()      # DDP's own record of its buckets
-    sizes = logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or ""
-    meta = dict(variant=variant.name, rank=rank, num_buckets=len(str(sizes).split(",")),
-                bucket_cap_mb=variant.bucket_cap_mb, accumulate=variant.accumulate,
-                profile=config.profile, width=config.width, batch_size=config.batch_size,
-                hardware=describe_devices([device]), world_size=dist.get_world_size(),
-                backend=dist.get_backend())
-    _save(prof, meta, out / _folder(variant) / f"rank{rank}.json", scratch)
+        for _ in range(WAIT + WARMUP + active):
+            optimizer.zero_grad(set_to_none=True)
+            for micro in range(variant.accumulate):
+                last = micro == variant.accumulate - 1
+                with (nullcontext() if last else model.no_sync()):
+                    with record_function("forward"):
+                        loss = loss_fn(model(x), y) / variant.accumulate
+                    with record_function("backward"):
+                        loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+            prof.step()
+    return prof
 
 
 def _save(prof, meta: dict, path: Path, scratch: Path) -> None:
@@ -169,9 +151,20 @@ def trace_rank(spec_path: str) -> None:
         device = torch.device("cpu")
         torch.set_num_threads(cpu_threads(world))
     dist.init_process_group(backend, timeout=timedelta(seconds=spec["timeout_s"]))
-    for v in spec["variants"]:
-        _trace_variant(cfg, Variant(**v), rank, device, local_batch_size(cfg.batch_size, world),
-                       spec["active"], Path(spec["out"]), Path(spec_path).parent)
+    for v in (Variant(**d) for d in spec["variants"]):
+        model = DDP(make_model(cfg, device), device_ids=[device] if device.type == "cuda" else None,
+                    bucket_cap_mb=v.bucket_cap_mb)
+        prof = _profile(model, cfg, v, device, local_batch_size(cfg.batch_size, world),
+                        spec["active"], cfg.seed + rank)
+        logged = model._get_ddp_logging_data()      # DDP's own record of its buckets
+        sizes = logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or ""
+        meta = dict(variant=v.name, rank=rank, num_buckets=len(str(sizes).split(",")),
+                    bucket_cap_mb=v.bucket_cap_mb, accumulate=v.accumulate, profile=cfg.profile,
+                    width=cfg.width, batch_size=cfg.batch_size,
+                    hardware=describe_devices([device]), world_size=dist.get_world_size(),
+                    backend=dist.get_backend())
+        path = Path(spec["out"]) / _folder(v) / f"rank{rank}.json"
+        _save(prof, meta, path, Path(spec_path).parent)
         dist.barrier()
     dist.destroy_process_group()
 
@@ -263,12 +256,7 @@ def trace_dataparallel(config: TrainConfig, out="runs/trace", active: int = 2) -
                           f"{num_gpus()}")
     devices = [torch.device(f"cuda:{i}") for i in range(num_gpus())]
     model = MarkedDataParallel(make_model(config, devices[0]), device_ids=devices)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    x = torch.rand(config.batch_size, 1, 28, 28, device=devices[0])
-    y = torch.randint(0, 10, (config.batch_size,), device=devices[0])
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=WAIT, warmup=WARMUP, active=active)) as prof:
-        _steps(model, optimizer, x, y, Variant("DataParallel"), WAIT + WARMUP + active, prof)
+    prof = _profile(model, config, Variant("DataParallel"), devices[0], config.batch_size, active)
     path = Path(out) / "DataParallel" / "rank0.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
