@@ -1,14 +1,10 @@
 """The step-time model held against measurements.
 
 Two kinds of evidence: a calibration on the hardware at hand (`calibrate`, `leave_one_out`),
-and the published runs of 12.6 (`published`: d2l's own builds, d2l-neu's rebuilds). From the
-PyTorch runs that name their GPU, `fit` takes only what no datasheet gives, for each GPU class
-on its own: the efficiency vs counted FLOPs (from its 1-GPU lines) and DataParallel's Python
-per device and step (`thread_s`, from its 2-GPU lines, each at the efficiency its own 1-GPU
-line implies). A GPU no run names gets the range over every fitted GPU, and says so
-(`Fit.basis`). The spread of the fits is each prediction's band (`band`, `compare`);
-`held_out`, `conditioned_errors` and `held_out_sources` predict published figures from fits
-that have not seen them.
+and the published runs of 12.6 (`published`). From the PyTorch runs that name their GPU, `fit`
+takes only what no datasheet gives, per GPU class. The spread of the fits is each prediction's
+band (`band`, `compare`); `held_out`, `conditioned_errors` and `held_out_sources` predict
+published figures from fits that have not seen them.
 """
 from __future__ import annotations
 
@@ -78,8 +74,7 @@ def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
     An honest check: no point is predicted by a fit that has seen it."""
     rows = []
     for i, (b, t) in enumerate(measurements):
-        rest = [m for j, m in enumerate(measurements) if j != i]
-        pred = calibrate(rest).step_time(b)
+        pred = calibrate([m for j, m in enumerate(measurements) if j != i]).step_time(b)
         rows.append(dict(batch=b, measured_s=t, predicted_s=pred, error=(pred - t) / t))
     return rows
 
@@ -115,15 +110,10 @@ def link_for(row: PublishedRun) -> Optional[LinkSpec]:
     return None if spec is None else pair_link(spec, row.p2p)
 
 
-def workload_for(row: PublishedRun) -> Workload:
-    """The chapter's ResNet-18 at the run's image size."""
-    return workload(64, row.image_size)
-
-
 def row_seconds(row: PublishedRun, spec: DeviceSpec, link: LinkSpec, o: Overheads) -> float:
     """Predicted seconds per epoch of one published line (DataParallel, d2l's loader)."""
     return predict_epoch_time(row.n_gpus, row.batch, NUM_IMAGES, spec, link, "dp",
-                              workload=workload_for(row), overheads=o,
+                              workload=workload(64, row.image_size), overheads=o,
                               loader_images_per_s=loader_rate(row.image_size))
 
 
@@ -136,10 +126,7 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> 
         return hi
     for _ in range(60):
         mid = (lo + hi) / 2
-        if (f(mid) < target) == up:
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if (f(mid) < target) == up else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -150,32 +137,31 @@ def _known(rows: Optional[Sequence[PublishedRun]]) -> list[PublishedRun]:
 
 
 @functools.lru_cache(maxsize=None)
+def _implied(row: PublishedRun, o: Overheads, name: str, lo: float, hi: float) -> float:
+    """The overhead `name` (in [lo, hi], clamped) at which `row` is predicted as published."""
+    spec, link = spec_for_name(row.gpu), link_for(row)
+    return _solve(lambda x: row_seconds(row, spec, link, replace(o, **{name: x})),
+                  row.sec_per_epoch, lo, hi)
+
+
 def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
     """The efficiency vs counted FLOPs a published 1-GPU line implies (its own, not a fit's)."""
-    spec = spec_for_name(one.gpu)
-    return _solve(lambda x: row_seconds(one, spec, link_for(one), replace(base, efficiency=x)),
-                  one.sec_per_epoch, 0.01, 3.0)
-
-
-@functools.lru_cache(maxsize=None)
-def _line_thread(two: PublishedRun, efficiency: float, base: Overheads) -> float:
-    """DataParallel's Python per device a 2-GPU line implies at `efficiency` (clamped at 0)."""
-    spec, o = spec_for_name(two.gpu), replace(base, efficiency=efficiency)
-    return _solve(lambda x: row_seconds(two, spec, link_for(two), replace(o, thread_s=x)),
-                  two.sec_per_epoch, 0.0, 0.5)
+    return _implied(one, base, "efficiency", 0.01, 3.0)
 
 
 def _spread(xs: Sequence[float]) -> tuple:
     return (min(xs), statistics.mean(xs), max(xs))
 
 
-def _lend(bands: dict) -> Optional[tuple]:
-    """For a GPU no run names: from the lowest low to the highest high of every fitted GPU,
-    its middle the mean of their middles."""
+def _own_or_lent(bands: dict, spec: Optional[DeviceSpec], default: float) -> tuple:
+    """`spec`'s own band; for a GPU no run names, from the lowest low to the highest high of
+    every fitted GPU, its middle the mean of their middles (`default` where none is fitted)."""
+    if spec and spec.name in bands:
+        return bands[spec.name]
     if not bands:
-        return None
-    return (min(b[0] for b in bands.values()), statistics.mean(b[1] for b in bands.values()),
-            max(b[2] for b in bands.values()))
+        return (default,) * 3
+    lows, mids, highs = zip(*bands.values())
+    return (min(lows), statistics.mean(mids), max(highs))
 
 
 @dataclass(frozen=True)
@@ -190,13 +176,11 @@ class Fit:
     def efficiency_of(self, spec: Optional[DeviceSpec]) -> tuple:
         """Its own fit; for a GPU no run names (or None), from the lowest low to the highest
         high of every fitted GPU, each against its own peak: wide, and `basis` says so."""
-        own = self.efficiency.get(spec.name) if spec else None
-        return own or _lend(self.efficiency) or (self.base.efficiency,) * 3
+        return _own_or_lent(self.efficiency, spec, self.base.efficiency)
 
     def thread_of(self, spec: Optional[DeviceSpec]) -> tuple:
         """DataParallel's Python per device: its own fit, else every fitted GPU's range."""
-        own = self.thread_s.get(spec.name) if spec else None
-        return own or _lend(self.thread_s) or (self.base.thread_s,) * 3
+        return _own_or_lent(self.thread_s, spec, self.base.thread_s)
 
     def lent(self, spec: Optional[DeviceSpec]) -> bool:
         return spec is None or spec.name not in self.efficiency or spec.name not in self.thread_s
@@ -223,14 +207,16 @@ def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overhea
     Each class gets its own band: a class that needs thread_s clamped at 0 (the RTX 4090
     rows, behind a staged link) does not pull another class's down."""
     known = _known(rows)
-    effs: dict = {}
     run_eff = {r.run: line_efficiency(r, base) for r in known if r.n_gpus == 1}
-    for r in (r for r in known if r.n_gpus == 1):
-        effs.setdefault(spec_for_name(r.gpu).name, []).append(run_eff[r.run])
+    effs: dict = {}
     threads: dict = {}
-    for r in (r for r in known if r.n_gpus > 1 and r.run in run_eff):
-        threads.setdefault(spec_for_name(r.gpu).name, []).append(
-            _line_thread(r, run_eff[r.run], base))
+    for r in known:
+        name = spec_for_name(r.gpu).name
+        if r.n_gpus == 1:
+            effs.setdefault(name, []).append(run_eff[r.run])
+        elif r.run in run_eff:   # thread_s at the efficiency its own 1-GPU line implies
+            threads.setdefault(name, []).append(
+                _implied(r, replace(base, efficiency=run_eff[r.run]), "thread_s", 0.0, 0.5))
     return Fit({k: _spread(v) for k, v in effs.items()},
                {k: _spread(v) for k, v in threads.items()}, base, run_eff,
                {k: len(v) for k, v in effs.items()})
@@ -242,23 +228,18 @@ def published_fit() -> Fit:
     return fit()
 
 
-def predict_row(row: PublishedRun, f: Fit) -> float:
-    """A published line, predicted at the fit's mean; a 2-GPU line at the efficiency its own
-    1-GPU line implies, where the fit has that line."""
-    spec = spec_for_name(row.gpu)
-    o = f.overheads(spec)
-    if row.n_gpus > 1 and row.run in f.run_efficiency:
-        o = replace(o, efficiency=f.run_efficiency[row.run])
-    return row_seconds(row, spec, link_for(row), o)
-
-
 def held_out(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
-    """Leave one out: each published line with a named GPU, predicted by a fit of all the
-    others (its own 1-GPU partner included: the fit sees the GPU, never the figure)."""
+    """Leave one out: each published line with a named GPU, predicted at the mean of a fit of
+    all the others (its own 1-GPU partner included: the fit sees the GPU, never the figure);
+    a 2-GPU line at the efficiency its own 1-GPU line implies, where the fit has that line."""
     known = _known(rows)
     out = []
     for r in known:
-        pred = predict_row(r, fit([x for x in known if x is not r]))
+        f, spec = fit([x for x in known if x is not r]), spec_for_name(r.gpu)
+        o = f.overheads(spec)
+        if r.n_gpus > 1 and r.run in f.run_efficiency:
+            o = replace(o, efficiency=f.run_efficiency[r.run])
+        pred = row_seconds(r, spec, link_for(r), o)
         out.append(dict(run=r.run, label=r.label, gpu=r.gpu, n_gpus=r.n_gpus, batch=r.batch,
                         published_s=r.sec_per_epoch, predicted_s=pred,
                         error=(pred - r.sec_per_epoch) / r.sec_per_epoch))
@@ -319,8 +300,7 @@ def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(known)}
     out = []
     for one, two in pairs(known):
-        p = one.sec_per_epoch / pred[(two.run, 2)]
-        s = one.sec_per_epoch / two.sec_per_epoch
+        p, s = one.sec_per_epoch / pred[(two.run, 2)], one.sec_per_epoch / two.sec_per_epoch
         out.append(dict(run=one.run, gpu=one.gpu, published=s, predicted=p,
                         agree=(p > 1) == (s > 1)))
     return out

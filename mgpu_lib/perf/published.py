@@ -8,8 +8,7 @@ other sources (d2l-neu's rebuilds, the study notes, d2l's one-day course) are ro
 
 Every row of `runs` is one printed line of a run (`test acc: A, S sec/epoch on [devices]`).
 Two rows of the same `run` are one comparison (1 GPU, then 2). A field the source does not
-state is None, never a guess. `hardware_source` says where the GPU model comes from when that
-is another file of the same build.
+state is None, never a guess.
 """
 from __future__ import annotations
 
@@ -47,7 +46,7 @@ class PublishedRun:
     epochs: int = 10
     date: Optional[str] = None  # when the output was built (commit date)
     source: str = ""
-    hardware_source: Optional[str] = None
+    hardware_source: Optional[str] = None   # where the GPU model is printed, if another file
     note: str = ""
     repo: str = ""              # where it was published: a repository, or the reprint's name
 
@@ -83,22 +82,23 @@ class Build:
         """The executed notebook at its commit, on GitHub."""
         return f"{GITHUB}{self.repo}/blob/{self.commit}/{self.notebook_path}"
 
-    @property
-    def hardware_url(self) -> Optional[str]:
-        return (f"{GITHUB}{self.repo}/blob/{self.commit}/{self.hardware_source}"
-                if self.hardware_source else None)
-
     def lines(self) -> tuple[PublishedRun, PublishedRun]:
         """Its two printed lines (1 GPU, then 2) as `PublishedRun` rows."""
         name = self.repo.split("/")[-1]
-        common = dict(run=f"{name} {self.commit[:7]}", label=f"{name}, {self.commit_date[:10]}",
+        hardware = (f"{GITHUB}{self.repo}/blob/{self.commit}/{self.hardware_source}"
+                    if self.hardware_source else None)
+        return _lines(((1, self.batch_1, self.lr_1, self.sec_per_epoch_1, self.test_acc_1),
+                       (2, self.batch_2, self.lr_2, self.sec_per_epoch_2, self.test_acc_2)),
+                      run=f"{name} {self.commit[:7]}", label=f"{name}, {self.commit_date[:10]}",
                       framework=self.framework, gpu=self.gpu, interconnect=None, p2p=None,
                       epochs=self.epochs, date=self.commit_date[:10], source=self.source,
-                      hardware_source=self.hardware_url, note=self.note, repo=self.repo)
-        return (PublishedRun(n_gpus=1, batch=self.batch_1, lr=self.lr_1, test_acc=self.test_acc_1,
-                             sec_per_epoch=self.sec_per_epoch_1, **common),
-                PublishedRun(n_gpus=2, batch=self.batch_2, lr=self.lr_2, test_acc=self.test_acc_2,
-                             sec_per_epoch=self.sec_per_epoch_2, **common))
+                      hardware_source=hardware, note=self.note, repo=self.repo)
+
+
+def _lines(rows: tuple, **common) -> tuple[PublishedRun, ...]:
+    """A comparison's printed lines, one per (GPUs, batch, lr, sec/epoch, test acc) row."""
+    return tuple(PublishedRun(n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a, **common)
+                 for n, b, lr, t, a in rows)
 
 
 def _typed(text: str, kind: str):
@@ -111,13 +111,17 @@ def _typed(text: str, kind: str):
     return int(text) if "int" in kind else float(text) if "float" in kind else text
 
 
+def _recorded(name: str) -> csv.DictReader:
+    """The rows of a CSV file of `mgpu_lib/recorded`."""
+    text = resources.files("mgpu_lib").joinpath("recorded", name).read_text(encoding="utf-8")
+    return csv.DictReader(io.StringIO(text))
+
+
 @functools.lru_cache(maxsize=1)
 def _all_builds() -> tuple[Build, ...]:
-    text = resources.files("mgpu_lib").joinpath("recorded", "d2l_builds.csv").read_text(
-        encoding="utf-8")
     kinds = {f.name: str(f.type) for f in fields(Build)}
     return tuple(Build(**{k: _typed(v, kinds[k]) for k, v in row.items()})
-                 for row in csv.DictReader(io.StringIO(text)))
+                 for row in _recorded("d2l_builds.csv"))
 
 
 def builds(framework: Optional[str] = None) -> list[Build]:
@@ -133,57 +137,47 @@ def build_curves() -> dict[tuple[str, str, int], tuple[float, ...]]:
     stores the Animator's final figure as SVG, whose line's vertices map through the y-axis
     ticks to accuracies to about 1e-4 (`recorded/d2l_build_curves.csv`; every decoded last
     epoch agrees with the printed accuracy to its two decimals)."""
-    text = resources.files("mgpu_lib").joinpath("recorded", "d2l_build_curves.csv").read_text(
-        encoding="utf-8")
     curves: dict = {}
-    for row in csv.DictReader(io.StringIO(text)):
+    for row in _recorded("d2l_build_curves.csv"):
         key = (row["repo"], row["commit"], int(row["run"][0]))
         curves.setdefault(key, {})[int(row["epoch"])] = float(row["test_acc_from_figure"])
     return {k: tuple(v[e] for e in sorted(v)) for k, v in curves.items()}
 
 
+_NEU = dict(framework="pytorch", gpu="RTX 4090", interconnect="PCIe, staged through host memory",
+           p2p=False, hardware_source=NEU_HARDWARE, repo="smolix/d2l-neu")
 OTHERS: tuple[PublishedRun, ...] = (
-    *(PublishedRun(run="d2l-neu 28px", label="d2l-neu rebuild, 28 px (May 2026)",
-                   framework="pytorch", n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a,
-                   gpu="RTX 4090", interconnect="PCIe, staged through host memory", p2p=False,
-                   date="2026-05-06",
-                   source=D2L_NEU + "f2922b64b3bd408c40e41eaf287b6e706a045dfd/docs/"
-                   "convergence-audit-2026-05-06.md (the rendered page's two lines, quoted)",
-                   hardware_source=NEU_HARDWARE, repo="smolix/d2l-neu",
-                   note="the chapter's code unchanged (setup: " + D2L_NEU +
-                   "d2e80d66fae994426bbe8e478bf3cb3f9b8ae5d2" + NEU_CONCISE + ")")
-      for n, b, lr, t, a in ((1, 256, 0.1, 5.8, 0.92), (2, 512, 0.2, 8.7, 0.87))),
-    *(PublishedRun(run=f"d2l-neu 64px {d[:7]}", label=f"d2l-neu rebuild, 64 px ({d[:7]})",
-                   framework="pytorch", n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a,
-                   gpu="RTX 4090", interconnect="PCIe, staged through host memory", p2p=False,
-                   image_size=64, date=d, repo="smolix/d2l-neu",
-                   source=D2L_NEU + c + "/outputs/pytorch/chapter_computational-performance/"
-                   "multiple-gpus-concise.json", hardware_source=NEU_HARDWARE,
-                   note="images resized to 64 x 64 (about 5.2x the FLOPs per image); setup: "
-                   + D2L_NEU + c + NEU_CONCISE)
-      for c, d, n, b, lr, t, a in (
-          ("3a5fccc0d7e91f82f413021b3639fe83abf6ba72", "2026-05-29", 1, 512, 0.2, 29.3, 0.86),
-          ("3a5fccc0d7e91f82f413021b3639fe83abf6ba72", "2026-05-29", 2, 1024, 0.4, 17.0, 0.88),
-          ("3690b24b8ed8c28823d719e0b292f1598eab3454", "2026-07-07", 1, 512, 0.2, 52.7, 0.89),
-          ("3690b24b8ed8c28823d719e0b292f1598eab3454", "2026-07-07", 2, 1024, 0.4, 26.9, 0.89))),
-    *(PublishedRun(run="study notes", label="the study notes (2025)", framework="pytorch",
-                   n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a, gpu=None,
-                   interconnect=None, p2p=None, date="2025-05-23", repo="study notes (reprint)",
-                   source="'动手学深度学习12.6. 多GPU的简洁实现-笔记练习（PyTorch）', a reprinted blog "
-                   "post dated 2025-05-23 (the original address is not given in the reprint)",
-                   note="the chapter's code unchanged; the GPU is not named")
-      for n, b, lr, t, a in ((1, 256, 0.1, 47.1, 0.90), (2, 512, 0.2, 25.6, 0.80))),
+    *_lines(((1, 256, 0.1, 5.8, 0.92), (2, 512, 0.2, 8.7, 0.87)), **_NEU,
+            run="d2l-neu 28px", label="d2l-neu rebuild, 28 px (May 2026)", date="2026-05-06",
+            source=D2L_NEU + "f2922b64b3bd408c40e41eaf287b6e706a045dfd/docs/"
+            "convergence-audit-2026-05-06.md (the rendered page's two lines, quoted)",
+            note="the chapter's code unchanged (setup: " + D2L_NEU +
+            "d2e80d66fae994426bbe8e478bf3cb3f9b8ae5d2" + NEU_CONCISE + ")"),
+    *(line for c, d, t1, a1, t2, a2 in (
+        ("3a5fccc0d7e91f82f413021b3639fe83abf6ba72", "2026-05-29", 29.3, 0.86, 17.0, 0.88),
+        ("3690b24b8ed8c28823d719e0b292f1598eab3454", "2026-07-07", 52.7, 0.89, 26.9, 0.89))
+      for line in _lines(((1, 512, 0.2, t1, a1), (2, 1024, 0.4, t2, a2)), **_NEU,
+                         run=f"d2l-neu 64px {d[:7]}", label=f"d2l-neu rebuild, 64 px ({d[:7]})",
+                         image_size=64, date=d, source=D2L_NEU + c + "/outputs/pytorch/"
+                         "chapter_computational-performance/multiple-gpus-concise.json",
+                         note="images resized to 64 x 64 (about 5.2x the FLOPs per image); "
+                         "setup: " + D2L_NEU + c + NEU_CONCISE)),
+    *_lines(((1, 256, 0.1, 47.1, 0.90), (2, 512, 0.2, 25.6, 0.80)),
+            run="study notes", label="the study notes (2025)", framework="pytorch", gpu=None,
+            interconnect=None, p2p=None, date="2025-05-23", repo="study notes (reprint)",
+            source="'动手学深度学习12.6. 多GPU的简洁实现-笔记练习（PyTorch）', a reprinted blog "
+            "post dated 2025-05-23 (the original address is not given in the reprint)",
+            note="the chapter's code unchanged; the GPU is not named"),
     # The same commit prints `nvidia-smi` twice (notebooks-2/1-use-gpu.ipynb and
     # notebooks-3/2-multiple-gpus.ipynb, both 3 July 2019): four Tesla V100-SXM2, 16130MiB.
-    *(PublishedRun(run="d2l 1-day course", label="d2l 1-day course, MXNet (2019)",
-                   framework="mxnet", n_gpus=n, batch=b, lr=lr, sec_per_epoch=t, test_acc=a,
-                   gpu="Tesla V100-SXM2...", interconnect=None, p2p=None, date="2019-07-03",
-                   source=COURSE + "notebooks-3/3-multiple-gpus-gluon.ipynb",
-                   hardware_source=COURSE + "notebooks-2/1-use-gpu.ipynb (nvidia-smi: four "
-                   "Tesla V100-SXM2..., 16130MiB)", repo="d2l-ai/1day-notebooks",
-                   note="Gluon, not DataParallel: each GPU's forward launched from one Python "
-                   "loop, gradients summed by kvstore 'device'")
-      for n, b, lr, t, a in ((1, 256, 0.1, 13.2, 0.93), (2, 512, 0.2, 7.3, 0.92))),
+    *_lines(((1, 256, 0.1, 13.2, 0.93), (2, 512, 0.2, 7.3, 0.92)),
+            run="d2l 1-day course", label="d2l 1-day course, MXNet (2019)", framework="mxnet",
+            gpu="Tesla V100-SXM2...", interconnect=None, p2p=None, date="2019-07-03",
+            source=COURSE + "notebooks-3/3-multiple-gpus-gluon.ipynb",
+            hardware_source=COURSE + "notebooks-2/1-use-gpu.ipynb (nvidia-smi: four "
+            "Tesla V100-SXM2..., 16130MiB)", repo="d2l-ai/1day-notebooks",
+            note="Gluon, not DataParallel: each GPU's forward launched from one Python "
+            "loop, gradients summed by kvstore 'device'"),
 )
 
 

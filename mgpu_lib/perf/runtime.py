@@ -1,14 +1,7 @@
 """How long training takes: the one run-time predictor, used by the pages' setup cells and by
-`tools/gpu_check.py`.
-
-- on a GPU with a datasheet (`scaling.DEVICES`), `scaling.predict_step_time` at the overheads
-  `evidence` fits to the published runs (the middle for a single figure, the corners of the fit
-  for a (low, high) band), over the link `scaling.pair_link` gives two of those GPUs;
-- on a CPU, the fast loop's rate recorded on 2-core machines (`bench_cpu.jsonl`, fp32), scaled
-  to the width by FLOPs;
-- evaluating an image costs a third of training one (forward only);
-- `StepModel`, for a check that measures as it goes (`tools/gpu_check.py`): the datasheet
-  model, rescaled to a measured step, then replaced by a measured line.
+`tools/gpu_check.py`. On a GPU, the datasheet model at the overheads `evidence` fits to the
+published runs; on a CPU, the fast loop's rate recorded on 2-core machines, scaled to the width
+by FLOPs. Evaluating an image costs a third of training one (forward only).
 """
 from __future__ import annotations
 
@@ -100,11 +93,10 @@ def cpu_rates(records) -> dict[str, dict[int, float]]:
     rates: dict[str, dict[int, float]] = {}
     for r in records:
         fast = r["modes"]["fast"]
-        if r["device"] != "cpu" or "bf16" in fast["describe"]:
-            continue
-        cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
-        flops = fast["median"] * workload(r["width"]).train_flops
-        rates.setdefault(cpu, {})[r["width"]] = flops
+        if r["device"] == "cpu" and "bf16" not in fast["describe"]:
+            cpu = f"{r['hardware'].split(',')[0]} ({r['cpu_bf16']})"
+            flops = fast["median"] * workload(r["width"]).train_flops
+            rates.setdefault(cpu, {})[r["width"]] = flops
     return rates
 
 
@@ -118,9 +110,9 @@ def recorded_cpus(rates: dict) -> str:
 
 
 def recorded_cpu(rates: dict, width: int, threads: int = RECORDED_THREADS) -> Calibration:
-    """A CPU before it is measured: the slowest CPU of `rates` (`cpu_rates`) fast loop (fp32) at the recorded
-    width nearest `width`, scaled to `width` by FLOPs and to `threads` in proportion (an
-    assumption), as a line through the origin (no per-step cost)."""
+    """A CPU before it is measured: the slowest CPU of `rates` (`cpu_rates`), its fast loop
+    (fp32) at the recorded width nearest `width`, scaled to `width` by FLOPs and to `threads`
+    in proportion (an assumption), as a line through the origin (no per-step cost)."""
     flops = min(r[min(r, key=lambda w: abs(w - width))] for r in rates.values())
     rate = flops * threads / RECORDED_THREADS / workload(width).train_flops
     return Calibration(images_per_second=rate, step_s=0.0, rms_error_s=0.0)

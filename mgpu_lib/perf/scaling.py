@@ -2,11 +2,8 @@
 
 A step is compute (images x FLOPs per image / achieved FLOP/s), communication (what the
 strategy moves over the link) and overhead (launching kernels, Python threads, the optimizer's
-memory traffic). Everything here is a pure function of numbers: no torch, no model, no GPU.
-`evidence` fits what the datasheets cannot give (the efficiency vs counted FLOPs,
-DataParallel's Python) to the published runs and to measurements here, and gives each
-prediction its band. Two choices every predictor shares live here: the link between two GPUs
-(`pair_link`) and the peak their convolutions run at (`conv_peak_tflops`: TF32 from Ampere on).
+memory traffic), each a pure function of numbers: no torch, no model, no GPU. `evidence` fits
+what the datasheets cannot give (the efficiency vs counted FLOPs, DataParallel's Python).
 """
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ class DeviceSpec:
     between two of them in the machines they come in (keys of `LINKS`, see `pair_link`)."""
     name: str
     fp32_tflops: float
-    tensor_tflops: Optional[float]   # dense tensor-core peak in `tensor_dtype`; None: no tensor cores
+    tensor_tflops: Optional[float]   # dense tensor peak in `tensor_dtype`; None: no tensor cores
     tensor_dtype: Optional[str]      # "bf16", or "fp16" where the chip has no bf16
     mem_gbs: float                   # memory bandwidth, GB/s
     memory_gb: float
@@ -63,16 +60,15 @@ DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
                "156 TFLOP/s TF32 tensor (312 with sparsity), 312 TFLOP/s BF16 tensor (dense), "
                "2,039 GB/s HBM2e, PCIe gen4", 2020, tf32_tflops=156.0,
                link="NVLink 3 (A100, NVSwitch)", pcie="PCIe gen4 x16"),
-    DeviceSpec("H100 SXM5", 67.0, 989.0, "bf16", 3350.0, 80.0,
-               "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOP/s FP32, 989 TFLOP/s "
-               "TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor with "
-               "sparsity (989 dense), 3.35 TB/s HBM3, PCIe gen5", 2022, tf32_tflops=494.5,
-               link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16"),
-    DeviceSpec("H200 SXM", 67.0, 989.0, "bf16", 4800.0, 141.0,
-               "NVIDIA H200 Tensor Core GPU datasheet (SXM): 67 TFLOP/s FP32, 989 TFLOP/s "
-               "TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor with "
-               "sparsity (989 dense), 4.8 TB/s HBM3e, PCIe gen5", 2023, tf32_tflops=494.5,
-               link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16"),
+    # Hopper: the H200 is an H100 with more and faster memory (the two datasheets).
+    *(DeviceSpec(f"{chip} {form}", 67.0, 989.0, "bf16", gbs, gb,
+                 f"NVIDIA {chip} Tensor Core GPU datasheet ({form}): 67 TFLOP/s FP32, 989 "
+                 "TFLOP/s TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor "
+                 f"with sparsity (989 dense), {memory}, PCIe gen5", year, tf32_tflops=494.5,
+                 link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16")
+      for chip, form, gbs, gb, memory, year in (
+          ("H100", "SXM5", 3350.0, 80.0, "3.35 TB/s HBM3", 2022),
+          ("H200", "SXM", 4800.0, 141.0, "4.8 TB/s HBM3e", 2023))),
     DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0, 24.0,
                "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): 82.6 TFLOP/s "
                "FP32, 82.6 TFLOP/s TF32 tensor (165.2 with sparsity), 165.2 TFLOP/s BF16 "
@@ -116,14 +112,11 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
 
 def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None,
               topo: Optional[str] = None) -> LinkSpec:
-    """The link between two GPUs of `spec`: the one choice every predictor makes (the pages,
-    `gpu_check`, `evidence`, `diagnose`).
+    """The link between two GPUs of `spec`: the one choice every predictor makes.
 
     `p2p` False (`torch.cuda.can_device_access_peer`) stages every copy through host memory;
-    a `topo` code from `nvidia-smi topo -m` says the rest: NV# is # NVLinks at `NVLINK_GBS`
-    each, any other code a PCIe path at the card's generation. Without either, the link of
-    the machines this GPU comes in (`spec.link`): GeForce cards without P2P, a V100 pair one
-    NVLink of the hybrid cube-mesh, an A100 or H100 NVSwitch, a K80 or T4 PCIe.
+    a `topo` code from `nvidia-smi topo -m` says the rest: NV# is # NVLinks, any other code a
+    PCIe path at the card's generation. Without either, the machines' own link (`spec.link`).
     """
     if p2p is False:
         return LINKS[NO_P2P]
@@ -136,29 +129,24 @@ def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None,
 
 
 def conv_peak_tflops(spec: DeviceSpec) -> float:
-    """The peak the chapter's "fp32" convolutions run at on `spec`.
-
-    On Ampere and newer GPUs (A100, RTX 30 and 40, H100, H200) cuDNN runs fp32 convolutions in
-    TF32 on the tensor cores, because `torch.backends.cudnn.allow_tf32` is True by default
-    (PyTorch's note "TensorFloat-32 (TF32) on Ampere (and later) devices"); their peak is
-    the datasheet's dense TF32 figure, not the FP32 cores'. Before Ampere (K80, T4, V100)
-    there is no TF32, and the FP32 cores do the work. The final linear layer stays in FP32
-    (`torch.backends.cuda.matmul.allow_tf32` is False by default), a few thousand FLOPs per
-    image out of about a billion.
-    """
+    """The peak the chapter's "fp32" convolutions run at on `spec`: from Ampere on, the dense
+    TF32 figure, because cuDNN runs fp32 convolutions in TF32 on the tensor cores
+    (`torch.backends.cudnn.allow_tf32` is True by default: PyTorch's note "TensorFloat-32
+    (TF32) on Ampere (and later) devices"); before (K80, T4, V100), the FP32 cores'. The final
+    linear layer stays in FP32 (`torch.backends.cuda.matmul.allow_tf32` is False by default),
+    a few thousand FLOPs per image out of about a billion."""
     return spec.tf32_tflops or spec.fp32_tflops
 
 
 def spec_for_name(name: str) -> Optional[DeviceSpec]:
-    """The datasheet whose model (the key's first word, e.g. "H200") is in a device name such
-    as torch.cuda.get_device_name() gives; None for a device this book has no figures for."""
-    return next((spec for key, spec in DEVICES.items() if _model_token(key) in name), None)
+    """The datasheet whose chip is in a device name such as torch.cuda.get_device_name() gives;
+    None for a device this book has no figures for. The chip is the key's first word holding a
+    digit ("RTX 4090" -> "4090", "V100 SXM2" -> "V100"), so "RTX" alone matches nothing."""
+    for key, spec in DEVICES.items():
+        if next(w for w in key.split() if any(c.isdigit() for c in w)) in name:
+            return spec
+    return None
 
-
-def _model_token(key: str) -> str:
-    """The word of a datasheet key that names the chip: its first word holding a digit
-    ("RTX 4090" -> "4090", "V100 SXM2" -> "V100"), so "RTX" alone matches nothing."""
-    return next(w for w in key.split() if any(c.isdigit() for c in w))
 
 @dataclass(frozen=True)
 class Workload:
@@ -258,13 +246,11 @@ def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
 
 
 def allreduce_bytes(num_params: int, n: int, bytes_per_param: int = 4) -> dict[str, float]:
-    """Bytes one step sends over the busiest device's link, in each direction.
-
-    DDP's ring all-reduce: every rank sends (and receives) 2(n-1)/n of the gradients.
-    DataParallel: `replicate` broadcasts the weights with `comm.broadcast_coalesced`, and the
-    gradients come back through `comm.reduce_add_coalesced`; with NCCL both are pipelined
-    collectives, so GPU 0's link carries about one copy out and one copy in, whatever n is.
-    """
+    """Bytes one step sends over the busiest device's link, in each direction: in DDP's ring
+    all-reduce every rank sends (and receives) 2(n-1)/n of the gradients. DataParallel's
+    `replicate` broadcasts the weights (`comm.broadcast_coalesced`) and the gradients come back
+    through `comm.reduce_add_coalesced`; with NCCL both are pipelined collectives, so GPU 0's
+    link carries about one copy out and one copy in, whatever n is."""
     size = num_params * bytes_per_param
     return {"ddp_ring_per_device": 2 * (n - 1) / n * size,
             "dp_gpu0": float(size) if n > 1 else 0.0}
@@ -303,11 +289,8 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
 
     `accumulate` > 1 (DDP only): gradient accumulation, `global_batch` per micro-step and one
     all-reduce (under `no_sync`) per `accumulate` micro-steps; the parts are per optimizer step.
-
     `images_per_second` (one device; e.g. from `calibrate`) overrides the spec's peak x
-    efficiency;
-    a calibration's intercept then goes in `overheads.step_s`, with `half_batch=0`.
-    """
+    efficiency; a calibration's intercept then goes in `overheads.step_s`, with `half_batch=0`."""
     if strategy not in ("ddp", "dp"):
         raise ValueError(f"strategy must be 'ddp' or 'dp', got {strategy!r}")
     if n_devices < 1 or global_batch <= 0:
@@ -325,9 +308,8 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
         hidden = min(raw, o.overlap * backward)
         return StepTime(accumulate * compute, raw - hidden, accumulate * o.step_s + optimizer,
                         hidden)
-    threads = dp_python_s(w, n_devices, o)
     return StepTime(compute, dp_comm_s(w, n_devices, per_device, link),
-                    o.step_s + optimizer + threads)
+                    o.step_s + optimizer + dp_python_s(w, n_devices, o))
 
 
 def predict_epoch_time(n_devices: int, global_batch: int, num_images: int, spec: DeviceSpec,
