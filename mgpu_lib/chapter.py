@@ -25,12 +25,9 @@ from .data import load_subsets
 
 
 def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
-    """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers.
-
-    Lazy layers learn their input size at the first forward pass; until then
-    their weights are `UninitializedParameter`s and their class is `LazyConv2d`,
-    not `Conv2d`.
-    """
+    """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers, which learn
+    their input size at the first forward pass; until then their weights are
+    `UninitializedParameter`s and their class is `LazyConv2d`, not `Conv2d`."""
     class LazyResidual(nn.Module):
         def __init__(self, channels: int, use_1x1conv: bool = False, strides: int = 1):
             super().__init__()
@@ -62,9 +59,7 @@ def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
 
 def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
     """The chapter's init, `type(m) in [nn.Linear, nn.Conv2d]`; returns how many layers it reached.
-
-    The exact type test skips `LazyConv2d` layers that have not seen data yet.
-    """
+    The exact type test skips `LazyConv2d` layers that have not seen data yet."""
     reached = 0
     for m in net.modules():
         if type(m) in (nn.Linear, nn.Conv2d):
@@ -74,11 +69,9 @@ def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
 
 
 class PILImages(Dataset):
-    """uint8 images served the way torchvision's `FashionMNIST` serves them.
-
-    Each item becomes a PIL image and then goes through `transform` (default `ToTensor`): real
-    per-sample work in the loader's worker processes, which the chapter pays for every image.
-    """
+    """uint8 images served the way torchvision's `FashionMNIST` serves them: each item becomes a
+    PIL image and then goes through `transform` (default `ToTensor`), real per-sample work in the
+    loader's worker processes, which the chapter pays for every image."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
         from torchvision import transforms
@@ -94,21 +87,10 @@ class PILImages(Dataset):
         return self.transform(image), int(self.labels[i])
 
 
-class ChapterLoader(DataLoader):
-    """A `DataLoader` that also says where its data came from, like `DeviceLoader`."""
-
-    def __init__(self, *args, source: str = "unknown", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.source = source
-
-
 class PermutationSampler(torch.utils.data.Sampler):
-    """One `torch.randperm` per epoch from a generator seeded once: `DeviceLoader`'s order.
-
-    (`RandomSampler` draws an extra permutation at the end of each epoch, so its orders drift
-    from `DeviceLoader`'s after the first epoch; fast and reference runs should see the same
-    images in the same order.)
-    """
+    """One `torch.randperm` per epoch from a generator seeded once: `DeviceLoader`'s order, so
+    fast and reference runs see the same images in the same order (`RandomSampler` draws an
+    extra permutation at the end of each epoch, so its orders drift after the first epoch)."""
 
     def __init__(self, n: int, seed: int = 0):
         self.n, self.generator = n, torch.Generator().manual_seed(seed)
@@ -140,7 +122,7 @@ def chapter_workers(requested: Optional[int] = None) -> int:
 
 def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                    shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
-                   source: str = "unknown") -> ChapterLoader:
+                   source: str = "unknown") -> DataLoader:
     """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -148,10 +130,11 @@ def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, 
     dataset = PILImages(images, labels)
     sampler = PermutationSampler(len(dataset), seed) if shuffle else None
     # Training drops a final partial batch, like DeviceLoader (see its docstring for why).
-    return ChapterLoader(dataset, batch_size=batch_size, sampler=sampler,
-                         drop_last=shuffle and len(dataset) >= batch_size,
-                         num_workers=workers, generator=torch.Generator().manual_seed(seed),
-                         source=source)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                        drop_last=shuffle and len(dataset) >= batch_size,
+                        num_workers=workers, generator=torch.Generator().manual_seed(seed))
+    loader.source = source         # where the data came from, as a `DeviceLoader` says
+    return loader
 
 
 def chapter_step(net: nn.Module, trainer, loss, device):
@@ -205,11 +188,9 @@ def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "aut
                                test_limit: Optional[int] = None, seed: int = 0,
                                allow_synthetic: bool = False,
                                num_workers: Optional[int] = None
-                               ) -> tuple[ChapterLoader, ChapterLoader]:
-    """The same images as `load_fashion_mnist`, through the chapter's own pipeline (on the CPU).
-
-    `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores.
-    """
+                               ) -> tuple[DataLoader, DataLoader]:
+    """The same images as `load_fashion_mnist`, through the chapter's own pipeline (on the CPU);
+    `num_workers` defaults to `chapter_workers()`: the chapter's 4, capped at the usable cores."""
     workers = chapter_workers(num_workers)      # refused before the data is read
     xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
                                               test_limit)

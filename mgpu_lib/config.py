@@ -81,8 +81,7 @@ COUNT = Check("an integer >= 0", lambda v: _is_int(v) and v >= 0, int, "N")
 SEED = Check("an integer from 0 to 2**63 - 1", lambda v: _is_int(v) and 0 <= v <= SEED_MAX,
              int, "N")
 POSITIVE_NUMBER = Check("a positive number", lambda v: _is_number(v) and v > 0, float, "X")
-NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: _is_number(v) and v >= 0, float,
-                           "X")
+NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: _is_number(v) and v >= 0, float, "X")
 FLAG = Check("true or false (on/off)", lambda v: isinstance(v, bool), _to_bool, "on|off")
 AUTO_FLAG = Check("true, false or 'auto' (on/off/auto)",
                   lambda v: isinstance(v, bool) or v == "auto",
@@ -125,11 +124,9 @@ def validate(config) -> None:
             f.metadata["check"].check(f.name, value)
 
 
-
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run, validated on construction. Each setting is declared once, here: its
-    default, check and help make its command-line flag and its `--vary` key too (`settings`)."""
+    """One training run, validated on construction; each setting is declared once, here."""
     devices: Optional[int] = setting(
         None, POSITIVE_INT, "number of GPUs (default: all; the CPU where there is none)",
         optional=True)
@@ -146,8 +143,8 @@ class TrainConfig:
     allow_synthetic: bool = setting(False, FLAG, "let 'auto' fall back to synthetic data")
     profile: str = setting("custom", NAME, "the profile this config came from (recorded)",
                            cli=False)            # --profile picks the whole profile instead
-    # The fast path (see switches.py). fast=False is the chapter's loop and ignores the switches
-    # below; each switch is True, False, or "auto" (switches.resolve_switches decides per device).
+    # The fast path: fast=False is the chapter's loop and ignores the switches below; each switch
+    # is True, False, or "auto" (`resolve_switches` decides it per device).
     fast: bool = setting(True, FLAG, "the fast path; off: the chapter's loop")
     device_data: Union[bool, str] = setting(
         "auto", AUTO_FLAG, "batches made on the device, no per-step sync")
@@ -170,12 +167,12 @@ class TrainConfig:
     def __post_init__(self):
         validate(self)
 
-
     def replace(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
 
 AUTO = "auto"
 EVAL_BATCH = 1024       # images per evaluation batch on the fast path
@@ -215,12 +212,8 @@ SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
 
 
 def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
-    """Whether `device` computes in bf16 natively: only then may "auto" consider bf16.
-
-    On CUDA that is compute capability 8.0 (Ampere) and newer. `torch.cuda.is_bf16_supported()`
-    is not the test: it also says True where bf16 is only emulated (a T4 or a V100), which is
-    slower than fp32 there.
-    """
+    """Whether `device` computes in bf16 natively: only then may "auto" consider bf16 (on CUDA,
+    compute capability 8.0 and newer: `autocast_dtype` says why not `is_bf16_supported`)."""
     device = torch.device(device)
     if device.type == "cuda":
         return autocast_dtype(device) == "bf16"
@@ -232,20 +225,13 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
 def channels_last_safe(device_type: str, width: int) -> bool:
     """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`.
 
-    On CUDA, always. On a CPU, only from width 16. In torch 2.14 the backward pass of a
-    channels_last, stride-2, 1x1 convolution crashes oneDNN (a segfault or heap corruption) when
-    it has few input channels: 2 to 7 on one thread on an AVX2 EPYC, 8 on two threads on another
-    CPU; at 16 and more it never did. The narrowest such convolution here has `width` input
-    channels, so the rule keeps channels_last where it is safe and measured faster (1.1x to 1.3x
-    at widths 16 and 64). tests/test_crash_regression.py keeps the ten-line reproduction.
-    """
-    if device_type == "cuda":
-        return True
-    return device_type == "cpu" and width >= 16
-
-
-def _norm_input_fp32(module: nn.Module, args: tuple) -> tuple:
-    return (args[0].float(),) + tuple(args[1:])
+    In torch 2.14 the backward pass of a channels_last, stride-2, 1x1 convolution crashes oneDNN
+    (a segfault or heap corruption) when it has few input channels: 2 to 7 on one thread on an
+    AVX2 EPYC, 8 on two threads on another CPU; at 16 and more it never did. The narrowest such
+    convolution here has `width` input channels, so the rule keeps channels_last where it is safe
+    and measured faster (1.1x to 1.3x at widths 16 and 64). tests/test_crash_regression.py keeps
+    the ten-line reproduction."""
+    return device_type == "cuda" or (device_type == "cpu" and width >= 16)
 
 
 def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
@@ -257,7 +243,7 @@ def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
     if switches.bf16 and switches.norm_fp32:
         for m in net.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.register_forward_pre_hook(_norm_input_fp32)
+                m.register_forward_pre_hook(lambda module, args: (args[0].float(), *args[1:]))
     return net
 
 

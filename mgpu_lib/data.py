@@ -55,11 +55,9 @@ def _find(folder: Path, stem: str) -> Optional[Path]:
 
 def _stage(path: Path, dims: tuple, view: Path) -> None:
     """Copy `path`, inflated, into the folder torchvision reads, if it is Fashion-MNIST's size.
-
     A file longer than deflate's worst case (5 bytes a 64 KiB block, plus gzip's header) is
     refused unread, and one byte past the expected size is the most ever inflated, so a file
-    that inflates to gigabytes is refused after reading a few MB.
-    """
+    that inflates to gigabytes is refused after reading a few MB."""
     name = f"{path.parent.name}/{path.name}"      # e.g. fashion-mnist/t10k-labels-idx1-ubyte.gz
     head = struct.pack(f">{1 + len(dims)}I", 0x800 | len(dims), *dims)   # IDX: uint8 data
     size = len(head) + math.prod(dims)
@@ -135,19 +133,16 @@ def download(root: Union[str, Path, None] = None) -> Path:
 
 def synthetic_fashion_mnist(n_train: int = 60000, n_test: int = 10000,
                             seed: int = 1234) -> dict[str, torch.Tensor]:
-    """Deterministic, learnable stand-in data with Fashion-MNIST's shapes and dtypes.
-
-    Each class is a fixed random blob pattern; every image is its class pattern, shifted by up
-    to 2 pixels, plus noise. A small CNN learns it well above chance within an epoch.
-    """
+    """Deterministic, learnable stand-in data with Fashion-MNIST's shapes and dtypes: each
+    image is its class's fixed random blob pattern, shifted by up to 2 pixels, plus noise. A
+    small CNN learns it well above chance within an epoch."""
     g = torch.Generator().manual_seed(seed)
     coarse = torch.rand(len(CLASSES), 1, 7, 7, generator=g)
     templates = torch.nn.functional.interpolate(coarse, size=(28, 28), mode="bilinear",
                                                 align_corners=False)[:, 0] * 200
 
     def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = torch.arange(n) % len(CLASSES)
-        labels = labels[torch.randperm(n, generator=g)]
+        labels = (torch.arange(n) % len(CLASSES))[torch.randperm(n, generator=g)]
         images = templates[labels]
         shifts = torch.randint(-2, 3, (2,), generator=g).tolist()
         images = torch.roll(images, shifts=shifts, dims=(1, 2))
@@ -161,11 +156,9 @@ def synthetic_fashion_mnist(n_train: int = 60000, n_test: int = 10000,
 
 
 def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -> torch.Tensor:
-    """Indices of a fixed, class-balanced subset of `limit` samples (all indices if None).
-
-    Classes get `limit // C` samples each, the first `limit % C` classes one more; within a class
-    the samples are a fixed random choice (seed 0 by default, so every run sees the same subset).
-    """
+    """Indices of a fixed, class-balanced subset of `limit` samples (all indices if None):
+    `limit // C` a class, the first `limit % C` classes one more, a fixed random choice within
+    each class (seed 0 by default, so every run sees the same subset)."""
     n = labels.shape[0]
     if limit is None or limit >= n:
         return torch.arange(n)
@@ -182,11 +175,9 @@ def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -
 
 
 def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -> torch.Tensor:
-    """The sample indices rank `rank` trains on in `epoch` (what its `DistributedSampler` yields).
-
-    Shards are disjoint and cover all `n` samples when `world_size` divides `n`; otherwise the
-    sampler repeats up to `world_size - 1` samples so every rank runs the same number of steps.
-    """
+    """The sample indices rank `rank` trains on in `epoch` (what its `DistributedSampler` yields):
+    disjoint shards covering all `n` samples when `world_size` divides `n`; otherwise the sampler
+    repeats up to `world_size - 1` samples so every rank runs the same number of steps."""
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed)
     sampler.set_epoch(epoch)    # without it every epoch would reuse the first epoch's order
@@ -245,12 +236,10 @@ class DeviceLoader:
 
 def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
              allow_synthetic: bool = False) -> tuple[dict[str, torch.Tensor], str]:
-    """The four uint8 tensors and the name of the source they came from.
-
-    A folder that was named (`root`, or `MGPU_FASHION_MNIST_DIR`) is a promise: if it is missing
-    or bad, that is a `DataError` naming it. Synthetic data stands in only when nothing was named,
-    the download failed, and the caller allows it (with a warning).
-    """
+    """The four uint8 tensors and the name of the source they came from. A folder that was
+    named (`root`, or `MGPU_FASHION_MNIST_DIR`) is a promise: if it is missing or bad, that is a
+    `DataError` naming it. Synthetic data stands in only when nothing was named, the download
+    failed, and the caller allows it (with a warning)."""
     if source not in SOURCES:
         raise ValueError(f"unknown data source {source!r}; valid: {', '.join(SOURCES)}")
     if source == "synthetic":

@@ -119,13 +119,10 @@ def check_fresh(folder) -> None:
 
 
 def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[dict]:
-    """The checkpoint in `folder`, checked against this run; None if there is none.
-
-    Raises:
-        CheckpointError: the file is truncated or corrupt, belongs to a different run, or
-            holds more epochs than `config.num_epochs` (resuming it would train nothing and
-            report more epochs than were asked for).
-    """
+    """The checkpoint in `folder`, checked against this run; None if there is none. A
+    CheckpointError if it is truncated or corrupt, belongs to a different run, or holds more
+    epochs than `config.num_epochs` (resuming it would train nothing and report more epochs than
+    were asked for)."""
     path = Path(folder) / CKPT_NAME
     if not path.is_file():
         return None
@@ -184,11 +181,9 @@ def _checkpoint_problem(state) -> Optional[str]:
 
 
 def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
-    """Load a checked checkpoint into `net`, `optimizer` and `result`; return its epoch.
-
-    Every tensor's name and shape is checked before anything is copied, so a mismatch leaves
-    the model untouched rather than half-loaded.
-    """
+    """Load a checked checkpoint into `net`, `optimizer` and `result`; return its epoch. Every
+    tensor's name and shape is checked before anything is copied, so a mismatch leaves the model
+    untouched rather than half-loaded."""
     own = net.state_dict()
     theirs = state["model"]
     bad = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
@@ -207,11 +202,9 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
 
 @record     # an exception goes to this rank's TORCHELASTIC_ERROR_FILE, for `launcher.failure`
 def run(config: TrainConfig, **kw) -> Optional[TrainResult]:
-    """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment).
-
-    Keywords as `_run`. Bad input (missing data, a bad checkpoint) is raised as a
-    `RankInputError`, so that the launcher reads a user error from the rank's error file.
-    """
+    """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment);
+    keywords as `_run`. Bad input (missing data, a bad checkpoint) is raised as a
+    `RankInputError`, so that the launcher reads a user error from the rank's error file."""
     try:
         return _run(config, **kw)
     except (ValueError, DataError, DeviceError) as e:
@@ -223,8 +216,7 @@ def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume:
          log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
     """On CPU each process uses `threads` threads, by default its share of this node's cores.
     `timeout_s` bounds how long a collective waits for a silent rank. Returns the `TrainResult`
-    on rank 0 (which also calls `log` with its progress lines), else None.
-    """
+    on rank 0 (which also calls `log` with its progress lines), else None."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if checkpoint and not resume:
         check_fresh(checkpoint)      # before any rendezvous: every rank refuses alike

@@ -47,11 +47,8 @@ def try_all_gpus() -> list[torch.device]:
 
 
 def resolve_devices(n: Optional[int] = None) -> list[torch.device]:
-    """The first `n` accelerators (`None`: all of them; the CPU where there is none).
-
-    Raises:
-        DeviceError: `n` is below 1, or more GPUs are asked for than exist.
-    """
+    """The first `n` accelerators (`None`: all of them; the CPU where there is none); a
+    `DeviceError` if `n` is below 1 or more GPUs are asked for than exist."""
     available = try_all_gpus()
     if n is None:
         return available
@@ -112,10 +109,8 @@ def autocast_dtype(device) -> Optional[str]:
     """The reduced precision `device` runs fast: "bf16" on CUDA GPUs of compute capability 8.0
     and newer (native bf16 tensor cores), "fp16" on 7.0 and 7.5 (a V100 or a Colab T4: fp16
     tensor cores, no bf16), None elsewhere (older GPUs, CPUs, MPS): fp32.
-
     `torch.cuda.is_bf16_supported()` is not the test: it also says True where bf16 is only
-    emulated, which on a T4 is slower than fp32.
-    """
+    emulated, which on a T4 is slower than fp32."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -142,11 +137,9 @@ def synchronize(devices) -> None:
 
 
 class timed:
-    """`with timed(devices) as t: work()` then `t.seconds`: wall time of finished work.
-
-    It synchronizes `devices` before starting the clock and before stopping it; without that a
-    GPU timer measures how long it took to launch the work, not to do it.
-    """
+    """`with timed(devices) as t: work()` then `t.seconds`: wall time of finished work. It
+    synchronizes `devices` before starting the clock and before stopping it; without that a GPU
+    timer measures how long it took to launch the work, not to do it."""
 
     def __init__(self, devices=()):
         self.devices = list(devices)
@@ -166,12 +159,9 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
     """A short hardware string printed beside every figure, e.g. '2 x NVIDIA H200' or
     'CPU: AMD EPYC 7B13, 2 threads (torch uses 2)'."""
     devices = list(devices) if devices is not None else try_all_gpus()
-    cuda = [d for d in devices if torch.device(d).type == "cuda"]
-    parts = []
-    if cuda:
-        names = [torch.cuda.get_device_name(torch.device(d)) for d in cuda]
-        for name in dict.fromkeys(names):
-            parts.append(f"{names.count(name)} x {name}")
+    names = [torch.cuda.get_device_name(torch.device(d)) for d in devices
+             if torch.device(d).type == "cuda"]
+    parts = [f"{names.count(name)} x {name}" for name in dict.fromkeys(names)]
     if any(torch.device(d).type == "mps" for d in devices):
         parts.append("Apple MPS")
     if any(torch.device(d).type == "cpu" for d in devices):
@@ -183,5 +173,4 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
 
 def parameter_devices(net: torch.nn.Module) -> list[str]:
     """The devices holding `net`'s parameters and buffers, e.g. ['cpu'] or ['cuda:0']."""
-    tensors = list(net.parameters()) + list(net.buffers())
-    return sorted({str(t.device) for t in tensors})
+    return sorted({str(t.device) for t in [*net.parameters(), *net.buffers()]})

@@ -22,10 +22,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .data import load_fashion_mnist
+from .config import Switches
 from .devices import cpu_name, describe_devices, num_gpus, synchronize, timed
 from .split import check_speeds, split_sizes
-from .training import TrainConfig, TrainResult, evaluate_accuracy, fit, make_model, progress_bar
+from .training import (TrainConfig, TrainResult, evaluate_accuracy, fit, load_data, make_model,
+                       progress_bar)
 
 SIMULATED = "SIMULATED"
 
@@ -34,11 +35,9 @@ SIMULATED = "SIMULATED"
 
 def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdown: float = 1.0):
     """Forward and backward of `weight * loss`; returns (mean loss, correct) as tensors.
-
     `slowdown > 1` is the SIMULATED throttle: after its real work the replica idles for
-    `slowdown - 1` times as long, as a slower device would still be computing. Idling (not
-    repeating work) leaves the cores to the other replica, as a separate device would.
-    """
+    `slowdown - 1` times as long, as a slower device would still be computing; idling (not
+    repeating work) leaves the cores to the other replica, as a separate device would."""
     t0 = time.perf_counter()
     out = net(x)
     loss = loss_fn(out, y)
@@ -51,10 +50,8 @@ def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdow
 
 def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 5,
                        warmup: int = 2, slowdown: float = 1.0) -> float:
-    """Images per second for forward plus backward on `device`, after `warmup` steps.
-
-    Works on a copy, so `net` (its weights and BatchNorm statistics) is left untouched.
-    """
+    """Images per second for forward plus backward on `device`, after `warmup` steps; on a
+    copy, so `net` (its weights and BatchNorm statistics) is left untouched."""
     device = torch.device(device)
     net = copy.deepcopy(net).to(device).train()
     g = torch.Generator().manual_seed(0)
@@ -100,9 +97,8 @@ class HeteroSetup:
 def default_setup(slowdown: float = 3.0) -> HeteroSetup:
     """`cuda:0` + `cpu` where a GPU exists; else two SIMULATED CPU replicas, one throttled."""
     if num_gpus():
-        devices = (torch.device("cuda:0"), torch.device("cpu"))
         return HeteroSetup(("cuda:0", "cpu"), ("GPU", "CPU"), (1.0, 1.0), None, False,
-                           describe_devices(devices))
+                           describe_devices(["cuda:0", "cpu"]))
     half = max(1, (os.cpu_count() or 2) // 2)
     label = (f"{SIMULATED}: 2 replicas on {cpu_name()}, {half} thread(s) each; "
              f"replica B throttled {slowdown:g}x")
@@ -225,18 +221,12 @@ class HeteroDataParallel:
 def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, data=None,
                  progress: bool = True) -> TrainResult:
     """Train a fresh ResNet-18 with `HeteroDataParallel` over `setup` (default: `default_setup()`).
-
     Each device's speed is measured first, and every batch is split by `split_sizes`.
-    `config.devices` is not used: the setup names the devices.
-    """
+    `config.devices` is not used: the setup names the devices."""
     setup = setup or default_setup()
     main = torch.device(setup.devices[0])
-    if data is None:
-        data = load_fashion_mnist(config.batch_size, source=config.data_source,
-                                  train_limit=config.train_limit, test_limit=config.test_limit,
-                                  device=main, seed=config.seed,
-                                  allow_synthetic=config.allow_synthetic)
-    train_iter, test_iter = data
+    # batches made on the main device, evaluated at the training batch size
+    train_iter, test_iter = data or load_data(config, main, Switches(device_data=True))
     with torch_threads(setup.threads):
         net = make_model(config, main)
         speeds = [measure_throughput(net, d, config.batch_size, steps=2, warmup=1, slowdown=k)

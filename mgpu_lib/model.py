@@ -52,21 +52,15 @@ def resnet_block(in_channels: int, out_channels: int, num_residuals: int,
 def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Sequential:
     """The chapter's slightly modified ResNet-18: 3x3 stride-1 stem and no max-pool.
 
-    Args:
-        num_classes: outputs of the final linear layer.
-        in_channels: 1 for Fashion-MNIST.
-        width: channels of the first stage; later stages use 2x, 4x and 8x. 64 is the chapter's
-            model (11,175,818 parameters); 16 is a CPU-friendly model with the same structure.
-    Returns:
-        An `nn.Sequential` with the chapter's module names.
+    An `nn.Sequential` with the chapter's module names. `width` is the first stage's channels
+    (later stages use 2x, 4x and 8x): 64 is the chapter's model (11,175,818 parameters), 16 a
+    CPU-friendly model with the same structure.
     """
     if width < 1:
         raise ValueError(f"width must be a positive integer, got {width}")
     w = width
-    net = nn.Sequential(
-        nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),
-        nn.BatchNorm2d(w),
-        nn.ReLU())
+    net = nn.Sequential(nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),
+                        nn.BatchNorm2d(w), nn.ReLU())
     net.add_module("resnet_block1", resnet_block(w, w, 2, first_block=True))
     net.add_module("resnet_block2", resnet_block(w, 2 * w, 2))
     net.add_module("resnet_block3", resnet_block(2 * w, 4 * w, 2))
@@ -106,10 +100,8 @@ def block_shapes(net: nn.Sequential, input_shape=(1, 1, 28, 28)) -> list[tuple[s
 def count_flops(net: nn.Module, input_shape=(1, 1, 28, 28), train: bool = False) -> int:
     """FLOPs per image as torch's `FlopCounterMode` counts them: convolutions and matrix
     products, 1 multiply-add = 2 FLOPs (BatchNorm, ReLU and pooling, well under 1%, are not).
-
-    Runs a copy of `net` on the meta device, so nothing is computed. With `train`, one forward
-    and backward of the cross-entropy loss, as a training step does; else the forward alone.
-    """
+    With `train`, one forward and backward of the cross-entropy loss, as a training step does;
+    else the forward alone. A copy of `net` runs on the meta device, so nothing is computed."""
     meta = copy.deepcopy(net).to("meta").train(train)
     x = torch.zeros(input_shape, device="meta")
     with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(train):

@@ -2,9 +2,8 @@
 
 Give each device a share of the batch in proportion to its measured speed, so every shard
 finishes at about the same moment; in whole samples, the split whose slowest shard finishes
-first (`split_sizes`). Then pay the sync:
-gradients travel to the main device, weights travel back. `best_split` and `worth_it` weigh the
-two with measured numbers (from `hetero.py`).
+first (`split_sizes`). Then pay the sync: gradients travel to the main device, weights travel
+back. `best_split` and `worth_it` weigh the two with measured numbers (from `hetero.py`).
 """
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: f
     if not (isinstance(sync_s, Real) and math.isfinite(sync_s) and sync_s >= 0):
         raise ValueError(f"sync_s must be a finite number >= 0, got {sync_s!r}")
     shard_s = [n / s if s > 0 else math.inf for n, s in zip(sizes, speeds) if n > 0]
-    busy = len(shard_s)
-    return max(shard_s, default=0.0) + (sync_s if busy > 1 else 0.0)
+    return max(shard_s, default=0.0) + (sync_s if len(shard_s) > 1 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ Differences from D2L 12.6, each one a bug there: the model is built and initiali
 `train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
 and every timer reading follows `torch.cuda.synchronize()`.
 
-By default `train` takes the fast path (`switches.py` decides it per device: data on the device,
-channels_last, bf16 autocast where native, cudnn.benchmark, a larger evaluation batch).
+By default `train` takes the fast path (`config.resolve_switches` decides it per device);
 `TrainConfig(fast=False)` runs the chapter's pipeline instead: a `DataLoader` with `ToTensor` and
 worker processes, fp32, NCHW. Neither reads a value back to the host during an epoch.
 """
@@ -45,7 +44,6 @@ def diverged(loss: float) -> bool:
     return not math.isfinite(loss) or loss > DIVERGED_LOSS
 
 
-
 # ---- the record a run leaves -------------------------------------------------------------------
 
 SCHEMA = 2           # of the header below; a record without the key is LEGACY_SCHEMA
@@ -68,11 +66,9 @@ def _git(*args: str, cwd: Path) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict:
-    """{"mgpu_lib": version or None, "git": revision or None}, computed once per process.
-
-    The revision is read only where the package sits at the top of its own repository (a
-    clone, an editable install), never from some other repository it is installed inside.
-    """
+    """{"mgpu_lib": version or None, "git": revision or None}, computed once per process. The
+    revision is read only where the package sits at the top of its own repository (a clone, an
+    editable install), never from some other repository it is installed inside."""
     try:
         version = metadata.version("mgpu_lib")
     except (metadata.PackageNotFoundError, ValueError):
@@ -191,12 +187,9 @@ def _autocast(device, switches: Optional[Switches]):
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
-    """Fraction of correct predictions over `data_iter`, in eval mode.
-
-    On the fast path it runs under `inference_mode` and counts on the device; with the chapter's
-    switches (`device_data` off) it counts on the host after every batch, as D2L's
-    `evaluate_accuracy_gpu` does.
-    """
+    """Fraction of correct predictions over `data_iter`, in eval mode: counted on the device
+    under `inference_mode` on the fast path, on the host after every batch (as D2L's
+    `evaluate_accuracy_gpu`) with the chapter's switches (`device_data` off)."""
     device = next(net.parameters()).device
     net.eval()
     if switches is not None and not switches.device_data:
