@@ -10,9 +10,9 @@ and each process gets its share of the CPU threads, so N processes act as N "vir
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +28,7 @@ from .data import DataError, DeviceLoader, load_subsets, shard_indices  # noqa: 
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
 from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
-                    make_step)
+                       make_step, write_atomic)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -85,24 +85,15 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
                     result: TrainResult) -> Path:
     """Write the state after `len(result.train_loss)` epochs: a temporary file, then a rename."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     state = {"format": CKPT_FORMAT, "epoch": len(result.train_loss),
              "config": {k: getattr(config, k) for k in CKPT_KEYS}, "world_size": world_size,
              "model": net.state_dict(), "optimizer": optimizer.state_dict(),
              "rng": torch.get_rng_state(),
              # plain JSON types: torch.load(weights_only=True) refuses others (a TorchVersion)
              "result": json.loads(json.dumps(result.to_dict()))}
-    fd, tmp = tempfile.mkstemp(prefix=f".{CKPT_NAME}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / CKPT_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return folder / CKPT_NAME
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return write_atomic(folder / CKPT_NAME, buffer.getvalue())
 
 
 def remove_partial_checkpoints(folder) -> None:

@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -52,6 +53,36 @@ HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
 # The per-epoch lists of a run, in the order they are filled.
 METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
 STATUSES = ("ok", "diverged", "failed")
+
+
+def write_fully(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_atomic(path, data) -> Path:
+    """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
+    readers see the old file or the new one, and a failed write (a full disk) leaves no torn
+    file behind. Results, traces and checkpoints are all written this way."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        try:
+            write_fully(fd, data.encode() if isinstance(data, str) else data)
+            os.fsync(fd)                # a full disk can show only here
+        finally:
+            os.close(fd)
+        os.chmod(tmp, 0o644)            # mkstemp makes 0600; results are for everyone to read
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:     # say which file
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+    return path
 
 
 def _git(*args: str, cwd: Path) -> Optional[str]:

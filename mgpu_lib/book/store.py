@@ -1,13 +1,12 @@
 """The results store: JSON Lines files, one record appended per run, and the statistics on them.
 
 Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
-`mgpu_lib.training.record_header`), and a store holds one kind of record (runs, benchmarks or
-gpu_check stages: `record_kind`). Appending takes a file lock (`filelock`, on every platform), so
-two processes writing one store both keep their records. A file that is not a store is refused
-untouched, but a torn last line after a whole record (a run killed mid-write) is skipped; a failed
-write (a full disk) keeps the record in a file beside (`read`, `append` and `Output` say how).
-The records this book shows ship inside the package (`mgpu_lib/recorded/`), so a notebook finds
-them in Colab as well as in a clone: `recorded(name)`. They are read, never written at run time.
+`mgpu_lib.training.record_header`), and a store holds one kind of record (`record_kind`).
+Appending takes a file lock (`filelock`, on every platform), so two processes writing one store
+both keep their records; `read`, `append` and `Output` say what becomes of a torn line, a file
+that is no store, and a failed write (a full disk). The records this book shows ship inside the
+package (`mgpu_lib/recorded/`), so a notebook finds them in Colab as well as in a clone:
+`recorded(name)`. They are read, never written at run time.
 """
 from __future__ import annotations
 
@@ -27,7 +26,8 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..config import _is_int
-from ..training import HEADER, LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult
+from ..training import (HEADER, LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult,
+                        write_atomic, write_fully)
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
@@ -129,13 +129,6 @@ def _keep(text: str, path: Path, error: OSError) -> ResultsError:
     return ResultsError(f"{cause}; the result was kept in {kept}")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _check_replaceable(path: Path, shown: str) -> None:
     """Refuse to replace a file other than one JSON document (an earlier result): a store, notes."""
     what = "it is not a JSON document (a checkpoint? notes?)"
@@ -189,34 +182,16 @@ class Output(contextlib.AbstractContextManager):
         text = json.dumps(obj, indent=1)
         try:
             if self.fd is not None:
-                _write_all(self.fd, text.encode())
+                write_fully(self.fd, text.encode())
             else:
-                _replace(self.path, text.encode())
+                write_atomic(self.path, text)
         except OSError as e:
             raise _keep(text, self.path, e) from None
 
-    def close(self) -> None:
+    def __exit__(self, *exc) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.chmod(tmp, 0o644)       # mkstemp makes 0600; results are for everyone to read
-            _write_all(f.fileno(), data)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json_atomic(path, obj) -> None:
@@ -328,7 +303,7 @@ def append(path, record: dict) -> None:
                 line = b"\n" + line
             try:
                 f.truncate(whole)           # drops a torn last line: a record that never was
-                _write_all(f.fileno(), line)
+                write_fully(f.fileno(), line)
                 os.fsync(f.fileno())
             except OSError:
                 f.truncate(whole)           # no torn line of ours either
@@ -368,8 +343,7 @@ def _parse(data: bytes, path) -> tuple[list[dict], int]:
 
 
 def read(path) -> list[dict]:
-    """Every record in a store ([] if the file does not exist yet); a ResultsError if the path
-    is not a regular file or a line is not a record."""
+    """Every record in a store ([] if the file does not exist yet), else a ResultsError."""
     shown = _shown(path)
     try:
         path = Path(path)

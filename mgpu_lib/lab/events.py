@@ -1,22 +1,17 @@
-"""The events of a profiler trace of DDP steps, and what they measure: how much of the
-all-reduce time ran while backward was still computing.
-
-`read_trace` turns a Chrome trace (`trace.trace_ddp` writes one per rank) into `Event`s: forward,
-each backward op, each bucket's all-reduce, the optimizer step, with the step and micro-batch
-they belong to. `measure_overlap` compares the all-reduces with the backward passes.
-`save_events`/`load_events` keep a whole run in one small JSON file, which the figures draw from.
+"""The events of a profiler trace of DDP steps (`trace.trace_ddp` writes one per rank), and
+what they measure: how much of the all-reduce time ran while backward was still computing.
+`save_events` keeps a whole run in one small JSON file, which the figures draw from.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..perf.scaling import Overheads
+from ..training import write_atomic
 
 # What each event is, from its name in the trace (gloo's and NCCL's names for the collectives).
 KIND_OF = [("allreduce", re.compile(r"^(gloo|nccl):all_reduce$")),
@@ -89,10 +84,6 @@ class TraceRun:
 
 # ---- reading a trace ----------------------------------------------------------------------------
 
-def classify(name: str) -> Optional[str]:
-    return next((kind for kind, pattern in KIND_OF if pattern.search(name)), None)
-
-
 def _items(raw: list):
     """(when, kind, name, start, duration) of the events to keep: without a GPU every event the
     host ran (gloo: everything). On a GPU the host only launches work: backward ops are the
@@ -105,7 +96,8 @@ def _items(raw: list):
               if e["name"] == "backward" and e.get("cat") == "user_annotation"]
     for e in raw:
         cat, when = e.get("cat"), launched.get(e.get("args", {}).get("correlation"), e["ts"])
-        kind = classify(e["name"]) if cat != "gpu_user_annotation" else None
+        kind = None if cat == "gpu_user_annotation" else next(
+            (k for k, pattern in KIND_OF if pattern.search(e["name"])), None)
         if gpu and cat == "kernel" and re.search(r"nccl.*AllReduce", e["name"], re.I):
             yield when, "allreduce", e["name"], e["ts"], e["dur"]
         elif gpu and cat == "kernel" and any(a <= when < b for a, b in passes):
@@ -167,8 +159,7 @@ class Overlap:
         """The same share as the step-time model puts it: it hides up to `overlap` x the
         backward time (default `scaling.Overheads.overlap`)."""
         overlap = Overheads().overlap if overlap is None else overlap
-        hidden = min(self.allreduce_s, overlap * self.backward_s)
-        return hidden / self.allreduce_s if self.allreduce_s else 0.0
+        return min(1.0, overlap * self.backward_s / self.allreduce_s) if self.allreduce_s else 0.0
 
     def model_words(self, overlap: Optional[float] = None, within: float = 0.1) -> str:
         """How the model's hidden share stands to the measured one: within `within` (a share,
@@ -194,27 +185,6 @@ def measure_overlap(trace: RankTrace) -> Overlap:
 
 # ---- stored events: what the figures draw from ---------------------------------------------------
 
-def write_atomic(path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file beside it, then a rename: readers see the
-    old file or the new one, and a failed write (a full disk) leaves no torn file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())        # a full disk can show only here
-        os.chmod(tmp, 0o644)            # mkstemp makes 0600; traces are for everyone to read
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:     # say which file
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    return path
-
-
 def save_events(run: TraceRun, path) -> Path:
     """`run` as one small JSON file (events, not the Chrome traces)."""
     return write_atomic(path, json.dumps(asdict(run)))
@@ -229,8 +199,7 @@ def load_events(path) -> TraceRun:
 def mean_overlap(run: TraceRun, variant: str) -> Overlap:
     """`measure_overlap` averaged over the ranks of one variant."""
     rows = [measure_overlap(r) for r in run.ranks if r.variant == variant]
-    return Overlap(*(sum(getattr(o, f) for o in rows) / len(rows)
-                     for f in Overlap.__dataclass_fields__))
+    return Overlap(*(sum(c) / len(rows) for c in zip(*map(astuple, rows))))
 
 
 def overlap_rows(run: TraceRun, overlap: Optional[float] = None) -> list:
