@@ -41,15 +41,20 @@ from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
 
 
-def argtype(check: Check):
-    """An argparse type from a setting's check: a refusal is one line naming the flag."""
+def _argtype(parse, name: str):
+    """An argparse type from `parse`: its ValueError is one line naming the flag."""
     def convert(text: str):
         try:
-            return check.parse(text)
+            return parse(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = check.words
+    convert.__name__ = name
     return convert
+
+
+def argtype(check: Check):
+    """An argparse type from a setting's check: a refusal is one line naming the flag."""
+    return _argtype(check.parse, check.words)
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,9 +73,8 @@ def build_parser(config=TrainConfig) -> Parser:
 
     def command(name: str, text: str, trains: bool = False,
                 out: str = "write the TrainResult JSON here") -> argparse.ArgumentParser:
-        """A subcommand; one that `trains` has a flag per setting of `config` (its name, help
-        and check), then --profile and --out. A flag left out keeps the profile's value; a
-        true/false flag alone means true."""
+        """A subcommand; one that `trains` has a flag per setting of `config`, then --profile
+        and --out. A flag left out keeps the profile's value; a true/false flag alone is true."""
         p = sub.add_parser(name, help=text)
         for f in on_cli(config) if trains else []:
             on_off = f.metadata["check"] is FLAG
@@ -97,7 +101,8 @@ def build_parser(config=TrainConfig) -> Parser:
 
     p = command("sweep", "resumable hyperparameter sweep into a JSON store", trains=True,
                 out=argparse.SUPPRESS)                  # refused: records go to --store
-    p.add_argument("--vary", type=vary_type(config), action="append", required=True,
+    p.add_argument("--vary", type=_argtype(lambda text: parse_vary(text, config), "vary"),
+                   action="append", required=True,
                    help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
                         f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
                         "DataParallel)")
@@ -159,8 +164,7 @@ def build_parser(config=TrainConfig) -> Parser:
 
 
 def config_from_args(args) -> TrainConfig:
-    """The config (`args.config_class`, default TrainConfig) from the profile, overridden by
-    every flag that was given."""
+    """The config (`args.config_class`, else TrainConfig): the profile's, then every flag given."""
     profile = get_profile(args.profile) if args.profile else active_profile()
     config = getattr(args, "config_class", TrainConfig)
     overrides = {f.name: getattr(args, f.name) for f in on_cli(config)
@@ -178,7 +182,6 @@ def cmd_train(args) -> int:
     if ddp and args.out and args.checkpoint and os.path.realpath(args.out) == os.path.realpath(
             Path(args.checkpoint) / CKPT_NAME):
         raise ValueError(f"--out {args.out} is the checkpoint file; name another file")
-    args.timeout = COLLECTIVE_TIMEOUT_S if args.timeout is None else args.timeout
     # checked before training (a FIFO opened now); a store or a checkpoint is never replaced
     with Output(args.out) if args.out else nullcontext() as out:
         result = _train_ddp(config, args) if ddp else train(config, progress=True)
@@ -189,16 +192,6 @@ def cmd_train(args) -> int:
     if not ddp:                                # DDP echoed rank 0's summary line already
         print(result.summary())
     return 0 if result.status == "ok" else 3
-
-
-def vary_type(config=TrainConfig):
-    """An argparse type for --vary: `sweep.parse_vary` for `config`, refusals in one line."""
-    def convert(text: str) -> tuple:
-        try:
-            return parse_vary(text, config)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
 
 
 # A sweep this large prints its plan and needs --yes: 200 runs of the cpu profile take hours,
@@ -256,7 +249,7 @@ def _train_ddp(config, args):
         check_writable(Path(args.checkpoint) / CKPT_NAME)
     try:      # launch echoes rank 0's progress and summary lines
         return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
-                      resume=args.resume, collective_timeout_s=args.timeout,
+                      resume=args.resume, collective_timeout_s=args.timeout or COLLECTIVE_TIMEOUT_S,
                       log=lambda line: print(line, flush=True))
     except LaunchError as e:    # a failed rank: one line, exit code 1
         print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
@@ -273,7 +266,14 @@ def cmd_worker(args) -> int:
         raise ValueError("--devices does not apply: torchrun's --nproc_per_node sets the "
                          "processes")
     try:
-        config = _worker_config(args.config) if args.config else config_from_args(args)
+        if args.config:                        # the exact config `launch` wrote (JSON)
+            try:
+                config = TrainConfig(**json.loads(Path(args.config).read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError) as e:
+                raise ValueError(f"--config {args.config}: not a TrainConfig JSON file ({e})"
+                                 ) from None
+        else:
+            config = config_from_args(args)
         if args.out:
             check_writable(args.out)
         if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
@@ -292,14 +292,6 @@ def cmd_worker(args) -> int:
 
 # What torchrun (and `launcher.run_ranks`) give each rank; `init_process_group` reads them.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _worker_config(path: str) -> TrainConfig:
-    """The exact config `launch` wrote to `path` (JSON), or a one-line ValueError."""
-    try:
-        return TrainConfig(**json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--config {path}: not a TrainConfig JSON file ({e})") from None
 
 
 def cmd_pages(args) -> int:

@@ -1,10 +1,9 @@
 """What each page of the book trains, how long that should take, and how to fit it in a budget.
 
 Every notebook's setup cell calls `setup_page(<its name>)`. That picks the profile, predicts the
-page's run time on the hardware it finds, and trims a page that would take longer than the
-budget (`BUDGET_MIN` minutes; `MGPU_PAGE_BUDGET_MIN` sets another, 0 = no limit): first to one
-seed, then fewer training images, then fewer epochs. It returns the lines the cell prints, cuts
-included, so a reader always knows what ran.
+page's run time on the hardware it finds, and `trim`s a page that would take longer than the
+budget (`BUDGET_MIN` minutes; `MGPU_PAGE_BUDGET_MIN` sets another, 0 = no limit). It returns
+the lines the cell prints, cuts included, so a reader always knows what ran.
 
 The predictions come from a model, not from measurements:
 - a GPU with a datasheet in `scaling.DEVICES` trains a step in `scaling.predict_step_time`, at
@@ -50,8 +49,7 @@ class Ex1Plan:
     `store` is where the page reads its points: under `cpu` the record shipped with the package
     (`recorded` is True), read and never written. New points go to `runs`, never inside the
     package: `./runs/`, or under `smoke` a scratch folder removed when the process exits. So
-    `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded else None)`.
-    """
+    `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded else None)`."""
     base: TrainConfig
     epochs: list
     batches: list
@@ -85,9 +83,8 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
 
 
 def ex1_plan(profile: Profile) -> Ex1Plan:
-    """smoke: a tiny sweep in a scratch folder (gone when the process exits); cpu: the
-    recorded sweep (width 16, 5,000 images), read, not retrained; anything else: the chapter's
-    settings. New points go to ./runs/ex1_<profile>.jsonl."""
+    """smoke: a tiny sweep in a scratch folder; cpu: the recorded sweep (width 16, 5,000
+    images), read, not retrained; anything else: the chapter's settings (see `Ex1Plan`)."""
     runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
         base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
@@ -97,9 +94,8 @@ def ex1_plan(profile: Profile) -> Ex1Plan:
                        store, scratch)
     lrs = [0.05, 0.1, 0.2, 0.4, 50.0]
     if profile.name == "cpu":
-        base = profile.config(train_limit=5000, test_limit=1000)
-        return Ex1Plan(base, [1, 2, 3, 4, 5, 6], [128, 256, 512], lrs,
-                       recorded("ex1_cpu.jsonl"), True, profile.seeds, runs)
+        return Ex1Plan(profile.config(train_limit=5000, test_limit=1000), [1, 2, 3, 4, 5, 6],
+                       [128, 256, 512], lrs, recorded("ex1_cpu.jsonl"), True, profile.seeds, runs)
     e = profile.num_epochs
     epochs = sorted({max(1, e // 5), max(1, e // 2), e, 2 * e})
     return Ex1Plan(profile.config(), epochs, [128, 256, 512, 1024], lrs, runs, False,
@@ -110,22 +106,6 @@ def _run(what: str, p: Profile | TrainConfig, runs: int = 1, batch: Optional[int
          epochs: Optional[int] = None) -> Job:
     return Job(what, runs, p.width, batch or p.batch_size, epochs or p.num_epochs,
                p.train_limit or FULL_TRAIN, p.test_limit or FULL_TEST)
-
-
-def _ex1_jobs(p: Profile, gpus: int) -> list[Job]:
-    plan = ex1_plan(p)
-    if plan.recorded:
-        return []
-    b, s = plan.base, len(p.seeds)
-    jobs = [_run("epochs sweep (longest run per seed)", b, s, epochs=max(plan.epochs)),
-            *[_run(f"batch {x}", b, s, batch=x) for x in plan.batches if x != b.batch_size],
-            *[_run(f"lr {x}", b, s) for x in plan.lrs],       # includes the base point
-            _run("warmup at 4 x batch, with and without", b, 2 * s, batch=4 * b.batch_size)]
-    if gpus >= 2:
-        jobs.append(_run("devices sweep", b, s * len([k for k in (2, 4, 8, 16) if k <= gpus])))
-    elif gpus == 0:
-        jobs.append(_run("DDP, 2 gloo processes", b))
-    return jobs
 
 
 def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
@@ -149,7 +129,19 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
         return [Job("the chapter's loop, then each switch", modes, p.width, p.batch_size,
                     steps=2 + 3 * bench_steps(p))]
     if page == "ex1_hyperparameters":
-        return _ex1_jobs(p, gpus)
+        plan = ex1_plan(p)
+        if plan.recorded:
+            return []
+        b, s = plan.base, len(p.seeds)
+        jobs = [_run("epochs sweep (longest run per seed)", b, s, epochs=max(plan.epochs)),
+                *[_run(f"batch {x}", b, s, batch=x) for x in plan.batches if x != b.batch_size],
+                *[_run(f"lr {x}", b, s) for x in plan.lrs],       # includes the base point
+                _run("warmup at 4 x batch, with and without", b, 2 * s, batch=4 * b.batch_size)]
+        if gpus >= 2:
+            jobs.append(_run("devices sweep", b, s * len([k for k in (2, 4, 8, 16) if k <= gpus])))
+        elif gpus == 0:
+            jobs.append(_run("DDP, 2 gloo processes", b))
+        return jobs
     if page == "ex2_cpu_gpu_split":
         return [Job("speeds, splits and pipelines", 1, p.width, p.batch_size, steps=100)]
     return []
@@ -194,12 +186,10 @@ def trim(page: str, profile: Profile, seconds, budget_s: float,
     if train != (profile.train_limit or FULL_TRAIN):
         cuts.append(f"{train:,} of {profile.train_limit or FULL_TRAIN:,} training images, "
                     f"{p.test_limit:,} of {profile.test_limit or FULL_TEST:,} test images")
-    epochs = p.num_epochs
-    while cost(p) > budget_s and epochs // 2 >= 2:
-        epochs //= 2
-        p = replace(p, num_epochs=epochs)
-    if epochs != profile.num_epochs:
-        cuts.append(f"{epochs} of {profile.num_epochs} epochs")
+    while cost(p) > budget_s and p.num_epochs // 2 >= 2:
+        p = replace(p, num_epochs=p.num_epochs // 2)
+    if p.num_epochs != profile.num_epochs:
+        cuts.append(f"{p.num_epochs} of {profile.num_epochs} epochs")
     return replace(p, name=f"{profile.name}, trimmed"), cuts
 
 

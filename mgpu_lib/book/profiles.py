@@ -7,7 +7,7 @@ halves the chapter's batch). The code path stays the same.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -32,10 +32,8 @@ class Profile:
 
     def config(self, cls=TrainConfig, **overrides) -> TrainConfig:
         """A `TrainConfig` (or `cls`) with this profile's settings, `overrides` on top."""
-        base = dict(batch_size=self.batch_size, lr=self.lr, num_epochs=self.num_epochs,
-                    width=self.width, train_limit=self.train_limit, test_limit=self.test_limit,
-                    allow_synthetic=self.allow_synthetic, profile=self.name)
-        return cls(**{**base, **overrides})
+        base = {k: v for k, v in asdict(self).items() if k not in ("name", "seeds", "about")}
+        return cls(**{**base, "profile": self.name, **overrides})
 
 
 PROFILES: dict[str, Profile] = {
@@ -55,19 +53,15 @@ PROFILES: dict[str, Profile] = {
 
 def get_profile(name: str) -> Profile:
     """The profile called `name`; an unknown name is a ValueError listing the valid ones."""
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown profile {name!r}; valid profiles: "
-                         f"{', '.join(PROFILES)}") from None
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; valid profiles: {', '.join(PROFILES)}")
+    return PROFILES[name]
 
 
 def active_profile() -> Profile:
     """`MGPU_PROFILE` if set, else `full` with CUDA and `cpu` without."""
     name = os.environ.get("MGPU_PROFILE", "").strip()
-    if not name:
-        name = "full" if torch.cuda.is_available() else "cpu"
-    return get_profile(name)
+    return get_profile(name or ("full" if torch.cuda.is_available() else "cpu"))
 
 
 def banner(profile: Optional[Profile] = None) -> str:

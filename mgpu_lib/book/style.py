@@ -1,11 +1,10 @@
 """One figure style for the whole book, set in one place.
 
 `book_style()` sets matplotlib's rcParams (and, in a notebook, retina output) once, from the
-setup cell of every page. The helpers keep every plot alike: legends below the data, integer
-ticks for epochs and device counts, and a short wrapped title that says what is plotted. The
-hardware and profile go into the caption (or the table beside it) once, never into a title.
-Retina PNGs carry their size in CSS px; _static/custom.css lets that width shrink to the
-column with the height following it, so a figure keeps its shape on a phone.
+setup cell of every page; the helpers keep every plot alike. The hardware and profile go into
+the caption (or the table beside it) once, never into a title. Retina PNGs carry their size in
+CSS px; _static/custom.css lets that width shrink to the column with the height following it,
+so a figure keeps its shape on a phone.
 """
 from __future__ import annotations
 

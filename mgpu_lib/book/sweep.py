@@ -3,12 +3,11 @@
     python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store runs/lr.jsonl --profile cpu
     plan: 9 points (lr 3 x seeds 3); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
 
-`sweep` trains the cartesian product of `vary` x `seeds` (a value or a seed given twice is one
-point), appending each point's record (a `TrainResult` with its sweep `options`) to the store
-under a file lock, so two sweeps may share a store, a crash or Ctrl-C loses at most the point in
-flight, and a rerun skips every point stored (the key is the full config, seed included, plus
-any sweep option like warmup) or found in a read-only `recorded` store. A failed point (a DDP
-rank died) is stored as "failed" and the sweep goes on; a rerun tries it again.
+`sweep` trains the cartesian product of `vary` x `seeds`, appending each point's record to the
+store under a file lock, so two sweeps may share a store, a crash or Ctrl-C loses at most the
+point in flight, and a rerun skips every point stored (the key is the full config, seed included,
+plus any sweep option like warmup) or found in a read-only `recorded` store. A failed point (a
+DDP rank died) is stored as "failed" and the sweep goes on; a rerun tries it again.
 
 Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
 depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
@@ -212,12 +211,11 @@ def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
 
 # ---- the sweep -------------------------------------------------------------------------------
 
-def default_train(config: TrainConfig, warmup_epochs: float = 0.0,
-                  nprocs: int = 0) -> TrainResult:
+def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int = 0) -> TrainResult:
     """`train` without output; with warmup, the same loop with a linear lr warmup; with
     `nprocs`, DDP over that many processes (gloo on a CPU, nccl on GPUs). A DDP job that fails
     is a result with status "failed" and the error in `extra`."""
-    if nprocs and warmup_epochs:
+    if nprocs and warmup_epochs:    # `check_point` refuses it before a sweep trains anything
         raise ValueError("warmup with DDP processes is not implemented; vary one of them")
     if nprocs:
         try:
@@ -239,8 +237,8 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
     **options)` trains a point (default `default_train`); `log` gets a line per point (`print`).
     """
     points = expand(base, vary, seeds)
-    shipped = [r for r in (load_store(recorded) if recorded else []) if r.status != "failed"]
-    records = shipped + [r for r in load_store(store) if r.status != "failed"]
+    records = [r for r in (load_store(recorded) if recorded else []) + load_store(store)
+               if r.status != "failed"]
     by_key = {key_of(r): r for r in records}
     new = [p for p in points if point_key(*p) not in by_key]
     for config, options in new:         # before anything trains: every point can train here
@@ -300,14 +298,10 @@ def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
     return round(base_lr * batch / base_batch, 12)
 
 
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """Linear warmup: (step + 1) / warmup_steps of the lr before `warmup_steps`, then all of it."""
-    return 1.0 if warmup_steps <= 0 or step >= warmup_steps else (step + 1) / warmup_steps
-
-
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
-    """The lr of optimizer step `step` (from 0): `lr` scaled by `warmup_factor`."""
-    return lr * warmup_factor(step, warmup_steps)
+    """The lr of optimizer step `step` (from 0), warmed up linearly: (step + 1) / warmup_steps
+    of `lr` before `warmup_steps`, then all of it."""
+    return lr * (1.0 if warmup_steps <= 0 or step >= warmup_steps else (step + 1) / warmup_steps)
 
 
 def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
@@ -315,14 +309,13 @@ def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
     the optimizer takes (a step hook, so the epoch loop needs no scheduler call)."""
     optimizer = torch.optim.SGD(params, lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_factor(step, warmup_steps))
+        optimizer, lambda step: warmup_lr(step, 1.0, warmup_steps))
     optimizer.register_step_post_hook(lambda *_: schedule.step())
     return optimizer
 
 
 def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
     """`train` with SGD's lr warmed up linearly over the first `warmup_epochs` epochs."""
-    def make_optimizer(params, steps_per_epoch):
-        return warmup_sgd(params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch))
-    return train(config, data=data, progress=False, make_optimizer=make_optimizer,
-                 extra={"warmup_epochs": warmup_epochs})
+    return train(config, data=data, progress=False, extra={"warmup_epochs": warmup_epochs},
+                 make_optimizer=lambda params, steps_per_epoch: warmup_sgd(
+                     params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch)))

@@ -1,9 +1,7 @@
 """Small result tables that render as Markdown in notebooks and the book, and as text elsewhere.
 
-Measured numbers show three significant figures (counts keep every digit), a missing value (nan)
-shows as "n/a", and a column that holds one value in every row moves into the caption. The
-caption follows the table in italics; the book's `numbered_tables` extension (`_ext/`) turns it
-into a numbered caption, "Table 3.1".
+The caption follows the table in italics; the book's `numbered_tables` extension (`_ext/`) turns
+it into a numbered caption, "Table 3.1".
 """
 from __future__ import annotations
 
@@ -16,9 +14,9 @@ from .style import SYNTHETIC, synthetic
 class Table:
     """Rows under headers. Jupyter shows `_repr_markdown_`; `str()` gives aligned plain text.
 
-    `keep_constant=True` keeps a column that holds the same value in every row (by default it
-    moves into the caption as "header: value"). `records`: the runs the rows come from; the
-    caption says so when any of them trained on synthetic data.
+    A column (not the first) that holds one value in every row of 2+ moves into the caption as
+    "header: value", unless `keep_constant`. `records`: the runs the rows come from; the caption
+    says so when any of them trained on synthetic data.
     """
 
     def __init__(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
@@ -28,20 +26,15 @@ class Table:
         self.caption = caption
         if synthetic(records):       # the runs behind the table: say so when they are not real
             self.caption = f"{caption}; {SYNTHETIC}" if caption else SYNTHETIC
-        if not keep_constant:
-            self._fold_constant_columns()
-
-    def _fold_constant_columns(self) -> None:
-        """Move columns (not the first) with one value in every row of 2+ into the caption."""
-        constant = [j for j in range(1, len(self.headers)) if len(self.rows) > 1
-                    and len({row[j] for row in self.rows}) == 1 and self.rows[0][j]]
-        if not constant or len(constant) == len(self.headers) - 1:
-            return  # keep at least one column of values
-        notes = [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]
-        self.caption = "; ".join(([self.caption] if self.caption else []) + notes)
-        keep = [j for j in range(len(self.headers)) if j not in constant]
-        self.headers = [self.headers[j] for j in keep]
-        self.rows = [[row[j] for j in keep] for row in self.rows]
+        constant = [j for j in range(1, len(self.headers)) if not keep_constant
+                    and len(self.rows) > 1 and len({row[j] for row in self.rows}) == 1
+                    and self.rows[0][j]]
+        if constant and len(constant) < len(self.headers) - 1:  # keep a column of values
+            notes = [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]
+            self.caption = "; ".join(([self.caption] if self.caption else []) + notes)
+            keep = [j for j in range(len(self.headers)) if j not in constant]
+            self.headers = [self.headers[j] for j in keep]
+            self.rows = [[row[j] for j in keep] for row in self.rows]
 
     def _repr_markdown_(self) -> str:
         lines = ["| " + " | ".join(self.headers) + " |",
@@ -52,8 +45,7 @@ class Table:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        cols = list(zip(self.headers, *self.rows))
-        widths = [max(len(c) for c in col) for col in cols]
+        widths = [max(map(len, col)) for col in zip(self.headers, *self.rows)]
         fmt_row = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))
         lines = [fmt_row(self.headers), fmt_row(["-" * w for w in widths])]
         lines += [fmt_row(r) for r in self.rows]

@@ -133,8 +133,7 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
     `lower_is_better` for times, so that the faster side is the one ahead."""
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
-    seeds = sorted(set(a) & set(b))
-    diffs = _finite(scale * (a[s] - b[s]) for s in seeds)
+    diffs = _finite(scale * (a[s] - b[s]) for s in sorted(set(a) & set(b)))
     mean, _, se = mean_std_se(diffs)
     words = decide(mean, se, names, len(diffs), lower_is_better)
     return Verdict(tuple(names), mean, se, len(diffs), True, words, unit, len(diffs) - 1)
@@ -151,19 +150,16 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
     (ma, _, sea), (mb, _, seb) = mean_std_se(a), mean_std_se(b)
     mean, se, n = ma - mb, math.hypot(sea, seb), min(len(a), len(b))
-    dof = _welch_dof(sea, len(a), seb, len(b))
+    # Welch-Satterthwaite: (sa²/na + sb²/nb)² / sum((s²/n)² / (n - 1)); nan below 2 a side
+    va, vb = sea ** 2, seb ** 2
+    if n < 2:
+        dof = math.nan
+    elif va + vb == 0:
+        dof = float(len(a) + len(b) - 2)
+    else:
+        dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     words = decide(mean, se, names, n, lower_is_better, dof)
     return Verdict(tuple(names), mean, se, n, False, words, unit, dof)
-
-
-def _welch_dof(sea: float, na: int, seb: float, nb: int) -> float:
-    """Welch-Satterthwaite: (sa²/na + sb²/nb)² / sum((s²/n)² / (n - 1)); nan below 2 a side."""
-    if min(na, nb) < 2:
-        return math.nan
-    va, vb = sea ** 2, seb ** 2
-    if va + vb == 0:
-        return float(na + nb - 2)
-    return (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
 
 
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
