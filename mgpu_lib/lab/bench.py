@@ -1,9 +1,7 @@
-"""The chapter's loop against the fast loop, timed on the same model, batch and device.
+"""The chapter's loop against the fast loop, timed on the same model, batch and device, with
+TFLOP/s against the device's peak; `measure` times any set of switches (the ablation).
 
     python -m mgpu_lib bench --width 64 --batch-size 256 --steps 3 --repeats 3 --out bench.jsonl
-
-`bench` times the chapter's loop ("reference") against the fast loop, with TFLOP/s against the
-device's peak and memory; `measure` times any set of switches (the Performance page's ablation).
 """
 from __future__ import annotations
 
@@ -33,16 +31,13 @@ CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loo
 
 
 def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
-    """The datasheet peak (`scaling.DEVICES`) a loop's convolutions run at on `device`: the
-    tensor cores' under bf16 (where they do bf16) or fp16 autocast, else the fp32 loop's
-    (`conv_peak_tflops`: TF32 from Ampere on, FP32 before); None for a device with no datasheet."""
+    """The datasheet peak a loop's convolutions run at on `device`: the tensor cores' under bf16
+    (where they do bf16) or fp16 autocast, else `conv_peak_tflops`; None: no datasheet."""
     device = torch.device(device)
     spec = spec_for_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    if spec is None:
-        return None
-    if (bf16 and spec.tensor_dtype == "bf16") or (fp16 and spec.tensor_tflops):
+    if spec and ((bf16 and spec.tensor_dtype == "bf16") or (fp16 and spec.tensor_tflops)):
         return spec.tensor_tflops
-    return conv_peak_tflops(spec)
+    return conv_peak_tflops(spec) if spec else None
 
 
 def add_tflops(modes: dict, width: int, device) -> float:
@@ -114,7 +109,7 @@ def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int =
     runs = {name: _mode(sw, width, data["train_images"], data["train_labels"], batch_size,
                         device, num_workers) for name, sw in modes.items()}
     rates = {name: [] for name in modes}
-    peak_mem = {name: 0.0 for name in modes}
+    peak_mem = {name: [0.0] for name in modes}     # MiB, after each run (CUDA only)
     for run in runs.values():
         run(warmup_steps)
     for _ in range(repeats):
@@ -123,12 +118,11 @@ def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int =
                 torch.cuda.reset_peak_memory_stats(device)
             rates[name].append(run(steps))
             if device.type == "cuda":
-                peak_mem[name] = max(peak_mem[name],
-                                     torch.cuda.max_memory_allocated(device) / 2**20)
+                peak_mem[name].append(torch.cuda.max_memory_allocated(device) / 2**20)
     del runs                                   # shuts the loaders' worker processes down
     return {name: {"switches": modes[name].to_dict(), "describe": modes[name].describe(),
                    "images_per_second": rates[name], "median": statistics.median(rates[name]),
-                   "peak_memory_mb": peak_mem[name] if device.type == "cuda" else None}
+                   "peak_memory_mb": max(peak_mem[name]) if device.type == "cuda" else None}
             for name in modes}
 
 

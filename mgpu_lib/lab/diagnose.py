@@ -1,11 +1,8 @@
 """Why is my multi-GPU run slower? Look at the machine, then name the likely causes, costliest
-first.
-
-`causes` is a pure function of the `Facts` that `gather_facts` measures, so each rule is tested
-on described machines. Every threshold and cost comes from the step-time model
-(`perf.scaling.predict_step_time` at the published runs' fit, for the GPU named and the link
-`pair_link` reads off the facts); without a datasheet (or on a CPU) it says what it can, and
-what it would check.
+first. `causes` is a pure function of the `Facts` that `gather_facts` measures, so each rule is
+tested on described machines. Every threshold and cost comes from the step-time model at the
+published runs' fit; without a datasheet (or on a CPU) it says what it can, and what it would
+check.
 """
 from __future__ import annotations
 
@@ -102,13 +99,10 @@ def small_batch(m: Machine, strategy: str = "dp") -> float:
     return rate * (m.step(m.n, strategy).total - 1 / rate)
 
 
-def _link_fix(strategy: str) -> str:
-    return ("DDP overlaps that traffic with the backward pass; or fewer GPUs" if strategy == "dp"
-            else "a bigger per-device batch, or gradient accumulation (`no_sync`), all-reduces "
-            "less often per image; or fewer GPUs")
-
-
 def _hardware_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
+    link_fix = ("DDP overlaps that traffic with the backward pass; or fewer GPUs"
+                if f.strategy == "dp" else "a bigger per-device batch, or gradient accumulation "
+                "(`no_sync`), all-reduces less often per image; or fewer GPUs")
     if len(f.devices) < 2:
         ms = (1e3 * (m.step(f.global_batch, "dp").total - m.step(f.global_batch, "dp", n=2).total)
               if m else None)
@@ -123,14 +117,14 @@ def _hardware_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
               if m else None)
         yield Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}; every copy "
                     "between them stages through host memory (GeForce cards such as the RTX "
-                    "4090 ship with P2P off)", _link_fix(f.strategy), ms)
+                    "4090 ship with P2P off)", link_fix, ms)
     pcie = {p: c for p, c in f.links.items() if not c.startswith(NVLINK_PREFIX)}
     if pcie and not no_p2p:
         codes = ", ".join(f"{i}-{j}: {c}" for (i, j), c in sorted(pcie.items()))
         ms = 1e3 * m.step(f.global_batch, f.strategy).communication if m else None
         yield Cause("PCIe, not NVLink", f"links from nvidia-smi topo -m: {codes}; each step's "
                     "weights and gradients cross PCIe (SYS/NODE also cross the CPUs' "
-                    "interconnect)", _link_fix(f.strategy), ms)
+                    "interconnect)", link_fix, ms)
 
 
 def _run_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:

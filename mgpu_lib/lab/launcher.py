@@ -94,8 +94,7 @@ def check_nprocs(nprocs: int, backend: str) -> None:
 
 
 def rank_env(backend: str, nprocs: int) -> dict:
-    """The environment for the ranks: unbuffered output, and on a CPU each rank's share of the
-    cores as its OpenMP threads."""
+    """The ranks' environment: unbuffered output; on a CPU, each rank's share of the cores."""
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
     if os.name == "nt":     # torch's Windows wheels have no libuv, which the rendezvous store
@@ -142,11 +141,7 @@ def _watch_parent() -> Callable[[], bool]:
     """Start a thread that stops this agent as SIGTERM does once its parent is gone; returns
     whether the parent is alive. A dead parent's child gets a new parent id (POSIX; `is_running`
     alone would see a zombie as alive); on Windows the id stays and the process goes."""
-    ppid = os.getppid()
-    try:
-        parent = psutil.Process(ppid)
-    except psutil.Error:
-        parent = None
+    ppid, parent = os.getppid(), psutil.Process().parent()     # None if it is gone already
 
     def alive() -> bool:
         return parent is not None and os.getppid() == ppid and parent.is_running()
@@ -371,14 +366,12 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
     """Train `config` as a DDP job of `nprocs` processes on this machine; rank 0's `TrainResult`
     (a diverged run is a result with status "diverged").
 
-    `config.batch_size` is the global batch, split evenly over the ranks. With nccl a process
-    is a GPU, with gloo a "virtual device" sharing the CPU (`backend` "auto": nccl with CUDA).
-    Past `timeout_s` every process is stopped; `collective_timeout_s` is how long a rank waits
-    in a collective for a silent peer. `checkpoint` is a folder for per-epoch checkpoints;
-    `resume` continues from the last one. `log` gets rank 0's progress lines as they arrive
-    (`print`, say). Raises DeviceError (more processes than this machine has devices or memory
-    for), RankInputError (a rank refused its input, missing data say: a ValueError) or
-    LaunchError (a rank failed or the job timed out; the message names the rank and error).
+    `config.batch_size` is the global batch, split evenly over the ranks (`backend` "auto":
+    nccl with CUDA). Past `timeout_s` every process is stopped; `collective_timeout_s` is how
+    long a rank waits in a collective for a silent peer. `checkpoint` is a folder for per-epoch
+    checkpoints; `resume` continues from the last one. `log` gets rank 0's progress lines as
+    they arrive. Raises DeviceError (see `check_nprocs`), RankInputError (a rank refused its
+    input, missing data say: a ValueError) or LaunchError (a rank failed or the job timed out).
     """
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting

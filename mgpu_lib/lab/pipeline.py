@@ -1,9 +1,6 @@
 """What the CPU should do instead of training: prepare the next batch while the device trains.
-
-Measured over a few dozen batches with random-crop and flip augmentation, each timed alone (how
-fast can it deliver?) and feeding a training step: a torchvision `DataLoader` with per-sample PIL
-transforms at 0, 1 and 2 workers; the same at 0 workers, overlapped with compute by a background
-thread; device-resident data (`DeviceLoader`) augmented in batches on the device itself.
+Each of `pipelines` (random-crop and flip augmentation) is timed over a few dozen batches, alone
+(how fast can it deliver?) and feeding a training step (`measure_pipelines`).
 """
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator = None) -> torch.T
 
 def data_loader(images, labels, batch_size: int, num_workers: int, *, device,
                 seed: int = 0) -> torch.utils.data.DataLoader:
-    """The classic per-sample CPU pipeline (PIL image, RandomCrop(28, padding=2),
-    RandomHorizontalFlip, ToTensor); pinned memory on CUDA, and two batches prefetched per
-    worker (torch's default)."""
+    """The classic per-sample CPU pipeline (PIL image, crop, flip, ToTensor); pinned memory on
+    CUDA, and two batches prefetched per worker (torch's default)."""
     from torchvision import transforms
     augment = transforms.Compose([transforms.RandomCrop(28, padding=2),
                                   transforms.RandomHorizontalFlip(), transforms.ToTensor()])
@@ -88,9 +84,7 @@ def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[],
     def loader(w):
         return lambda: data_loader(images, labels, batch_size, w, device=device)
     return {
-        "DataLoader, 0 workers": loader(0),
-        "DataLoader, 1 worker": loader(1),
-        "DataLoader, 2 workers": loader(2),
+        **{f"DataLoader, {w} worker{'' if w == 1 else 's'}": loader(w) for w in (0, 1, 2)},
         "DataLoader, 0 workers + prefetch thread": lambda: prefetch(loader(0)(), device),
         "device-resident + batched augment": lambda: device_batches(
             images, labels, batch_size, device=device),

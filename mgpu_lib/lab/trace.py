@@ -3,13 +3,9 @@
     python -m mgpu_lib trace --nprocs 2 --profile smoke --bucket-cap-mb 0.1 --out runs/trace
 
 Each rank trains a few steps of the book's ResNet-18 on random batches of the right shape (the
-timing does not depend on pixel values) for each `Variant` (a bucket cap, a number of micro-batches
-under `no_sync`). The profiler's schedule skips the first steps (DDP rebuilds its buckets after
-the first one), then records `active` steps and writes one Chrome trace per rank and variant
-(`OUT/<variant>/rank<r>.json`, open it in https://ui.perfetto.dev); `events.read_trace` reads
-them back. With gloo the all-reduces run on gloo's own threads, beside the backward ops; with NCCL,
-on a CUDA stream of their own. The ranks run as a training job's do (`launcher.run_ranks`). On two
-or more GPUs `trace_dataparallel` traces DataParallel's step too.
+timing does not depend on pixel values) for each `Variant`, and writes one Chrome trace per rank
+and variant (open it in https://ui.perfetto.dev). With gloo the all-reduces run on gloo's own
+threads, beside the backward ops; with NCCL, on a CUDA stream of their own.
 """
 from __future__ import annotations
 
@@ -93,8 +89,7 @@ def default_bucket_bytes(width: int) -> list:
 def _profile(model, config: TrainConfig, variant: Variant, device, batch: int, active: int,
              seed: Optional[int] = None) -> profile:
     """The profiler after WAIT + WARMUP + `active` optimizer steps on one random batch, each of
-    `variant.accumulate` micro-batches; all but the last micro-batch's backward run under
-    `no_sync`, so DDP all-reduces once per step."""
+    `variant.accumulate` micro-batches."""
     optimizer, loss_fn = torch.optim.SGD(model.parameters(), lr=config.lr), nn.CrossEntropyLoss()
     gen = None if seed is None else torch.Generator().manual_seed(seed)
     x = torch.rand(batch, 1, 28, 28, generator=gen).to(device)
@@ -105,8 +100,7 @@ def _profile(model, config: TrainConfig, variant: Variant, device, batch: int, a
         for _ in range(WAIT + WARMUP + active):
             optimizer.zero_grad(set_to_none=True)
             for micro in range(variant.accumulate):
-                last = micro == variant.accumulate - 1
-                with (nullcontext() if last else model.no_sync()):
+                with (model.no_sync() if micro < variant.accumulate - 1 else nullcontext()):
                     with record_function("forward"):
                         loss = loss_fn(model(x), y) / variant.accumulate
                     with record_function("backward"):
@@ -183,8 +177,7 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     local_batch_size(config.batch_size, nprocs)
     check_nprocs(nprocs, backend)
     variants = list(variants or default_variants(config.width))
-    out = Path(out)
-    start = time.perf_counter()
+    out, start = Path(out), time.perf_counter()
     with job_folder("mgpu-trace-") as tmp:
         spec = tmp / "trace.json"
         spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend, out=str(out),
@@ -229,9 +222,6 @@ def unwaited_allreduce_s(run: TraceRun, variant: str) -> float:
 
 # ---- DataParallel, on two or more GPUs ----------------------------------------------------------
 
-DP_PHASES = ("scatter", "replicate", "parallel_apply", "gather")
-
-
 def _marked(name: str):
     """`nn.DataParallel`'s method `name`, run inside a profiler mark of that name."""
     inner = getattr(nn.DataParallel, name)
@@ -245,7 +235,8 @@ def _marked(name: str):
 
 class MarkedDataParallel(nn.DataParallel):
     """`nn.DataParallel` with each phase of its forward marked in the profiler's trace."""
-    scatter, replicate, parallel_apply, gather = (_marked(name) for name in DP_PHASES)
+    scatter, replicate, parallel_apply, gather = map(_marked, ("scatter", "replicate",
+                                                               "parallel_apply", "gather"))
 
 
 def trace_dataparallel(config: TrainConfig, out="runs/trace", active: int = 2) -> TraceRun:

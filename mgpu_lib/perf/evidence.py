@@ -1,10 +1,6 @@
-"""The step-time model held against measurements.
-
-Two kinds of evidence: a calibration on the hardware at hand (`calibrate`, `leave_one_out`),
-and the published runs of 12.6 (`published`). From the PyTorch runs that name their GPU, `fit`
-takes only what no datasheet gives, per GPU class. The spread of the fits is each prediction's
-band (`band`, `compare`); `held_out`, `conditioned_errors` and `held_out_sources` predict
-published figures from fits that have not seen them.
+"""The step-time model held against measurements: a calibration on the hardware at hand, and
+the published runs of 12.6 (`published`). From the PyTorch runs that name their GPU, `fit` takes
+only what no datasheet gives, per GPU class; the spread of the fits is each prediction's band.
 """
 from __future__ import annotations
 
@@ -96,16 +92,14 @@ def calibrated_overheads(cal: Calibration) -> Overheads:
 
 @functools.lru_cache(maxsize=None)
 def workload(width: int = 64, image_size: int = 28) -> Workload:
-    """The chapter's ResNet-18 at `width` on `image_size`-pixel images as numbers, computed
-    from the widths and the image side (`model.resnet18_flops`), no network built."""
+    """The chapter's ResNet-18 at `width` on `image_size`-px images, as numbers (no net built)."""
     return Workload(params=resnet18_params(width),
                     forward_flops=float(resnet18_flops(width, image_size)),
                     input_bytes=4 * image_size * image_size)
 
 
 def link_for(row: PublishedRun) -> Optional[LinkSpec]:
-    """The link between a published run's GPUs: `scaling.pair_link` for its GPU and what the
-    source says of P2P; None where the GPU has no datasheet here."""
+    """`scaling.pair_link` for a published run's GPU and its P2P; None: no datasheet here."""
     spec = spec_for_name(row.gpu or "-")
     return None if spec is None else pair_link(spec, row.p2p)
 
@@ -149,10 +143,6 @@ def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
     return _implied(one, base, "efficiency", 0.01, 3.0)
 
 
-def _spread(xs: Sequence[float]) -> tuple:
-    return (min(xs), statistics.mean(xs), max(xs))
-
-
 def _own_or_lent(bands: dict, spec: Optional[DeviceSpec], default: float) -> tuple:
     """`spec`'s own band; for a GPU no run names, from the lowest low to the highest high of
     every fitted GPU, its middle the mean of their middles (`default` where none is fitted)."""
@@ -174,8 +164,7 @@ class Fit:
     counts: dict = field(default_factory=dict)   # datasheet name -> runs fitted
 
     def efficiency_of(self, spec: Optional[DeviceSpec]) -> tuple:
-        """Its own fit; for a GPU no run names (or None), from the lowest low to the highest
-        high of every fitted GPU, each against its own peak: wide, and `basis` says so."""
+        """Its own fit, else every fitted GPU's range, each against its own peak (`basis`)."""
         return _own_or_lent(self.efficiency, spec, self.base.efficiency)
 
     def thread_of(self, spec: Optional[DeviceSpec]) -> tuple:
@@ -194,8 +183,7 @@ class Fit:
         return (f"no published run on {what}: the range over every fitted GPU "
                 f"({lo:.2f} to {hi:.2f} of peak), so the band is wide")
 
-    def overheads(self, spec: Optional[DeviceSpec], corner: int = 1, thread: int = 1
-                  ) -> Overheads:
+    def overheads(self, spec: Optional[DeviceSpec], corner: int = 1, thread: int = 1) -> Overheads:
         """Overheads at a corner of the band: 0 low, 1 mean, 2 high (of efficiency, of thread_s)."""
         return replace(self.base, efficiency=self.efficiency_of(spec)[corner],
                        thread_s=self.thread_of(spec)[thread])
@@ -217,9 +205,9 @@ def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overhea
         elif r.run in run_eff:   # thread_s at the efficiency its own 1-GPU line implies
             threads.setdefault(name, []).append(
                 _implied(r, replace(base, efficiency=run_eff[r.run]), "thread_s", 0.0, 0.5))
-    return Fit({k: _spread(v) for k, v in effs.items()},
-               {k: _spread(v) for k, v in threads.items()}, base, run_eff,
-               {k: len(v) for k, v in effs.items()})
+    eff_bands, thread_bands = ({k: (min(v), statistics.mean(v), max(v)) for k, v in d.items()}
+                               for d in (effs, threads))
+    return Fit(eff_bands, thread_bands, base, run_eff, {k: len(v) for k, v in effs.items()})
 
 
 @functools.lru_cache(maxsize=1)
@@ -257,14 +245,11 @@ def _conditioned(one: PublishedRun, two: PublishedRun, f: Fit) -> tuple:
 
 def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
                        ) -> list[dict]:
-    """Leave one build out, for every published comparison on `gpu` (a `DEVICES` key): fit
-    the others, then predict its 2-GPU line from its own 1-GPU line (`_conditioned`). The
-    table a page shows: one row per build, the error relative to the published figure."""
+    """Leave one build out, for every published comparison on `gpu` (a `DEVICES` key): fit the
+    others, then predict its 2-GPU line from its own 1-GPU line (`_conditioned`); a row each."""
     known = _known(rows)
     out = []
-    for one, two in pairs(known):
-        if spec_for_name(one.gpu).name != gpu:
-            continue
+    for one, two in (p for p in pairs(known) if spec_for_name(p[0].gpu).name == gpu):
         lo, mid, hi = _conditioned(one, two, fit([r for r in known if r.run != one.run]))
         out.append(dict(run=one.run, repo=one.repo, date=one.date, one_s=one.sec_per_epoch,
                         published_s=two.sec_per_epoch, predicted_s=mid, low_s=lo, high_s=hi,

@@ -3,12 +3,9 @@ open. These are the only multi-GPU measurements this book has: no GPU is lent to
 
 d2l's own builds of 12.6 are one file, `recorded/d2l_builds.csv` (`builds`): every PyTorch and
 MXNet build found in d2l's build repositories, each checked against its executed notebook at
-its commit, the GPU from the `nvidia-smi` table (or GPU list) the same commit printed. The few
-other sources (d2l-neu's rebuilds, the study notes, d2l's one-day course) are rows below.
-
-Every row of `runs` is one printed line of a run (`test acc: A, S sec/epoch on [devices]`).
-Two rows of the same `run` are one comparison (1 GPU, then 2). A field the source does not
-state is None, never a guess.
+its commit, the GPU from the `nvidia-smi` table (or GPU list) the same commit printed; the
+few other sources are `OTHERS`. Every row of `runs` is one printed line of a run (`test acc: A,
+S sec/epoch on [devices]`); a field the source does not state is None, never a guess.
 """
 from __future__ import annotations
 
@@ -102,8 +99,7 @@ def _lines(rows: tuple, **common) -> tuple[PublishedRun, ...]:
 
 
 def _typed(text: str, kind: str):
-    """One CSV cell as its field's type; in an Optional field an empty cell (or 'n/a', 'not
-    printed') is None."""
+    """One CSV cell as its field's type; in an Optional field '', 'n/a', 'not printed' is None."""
     if "Optional" in kind and text.strip() in ("", "n/a", "not printed"):
         return None
     if "bool" in kind:
@@ -182,8 +178,7 @@ OTHERS: tuple[PublishedRun, ...] = (
 
 
 def runs(framework: Optional[str] = None) -> list[PublishedRun]:
-    """Every published line (d2l's builds, then the other sources), or those of one
-    framework."""
+    """Every published line (d2l's builds, then the other sources), or those of one framework."""
     rows = [line for b in builds() for line in b.lines()] + list(OTHERS)
     return [r for r in rows if framework in (None, r.framework)]
 
@@ -197,8 +192,7 @@ def pairs(rows: Optional[list[PublishedRun]] = None) -> list[tuple[PublishedRun,
 
 
 def pair(run: str) -> tuple[PublishedRun, PublishedRun]:
-    """The comparison named `run` (e.g. 'd2l-pytorch-colab f854371', 'd2l-neu 28px',
-    'study notes')."""
+    """The comparison named `run` (e.g. 'd2l-pytorch-colab f854371', 'd2l-neu 28px')."""
     found = [p for p in pairs() if p[0].run == run]
     if not found:
         raise KeyError(f"no published run {run!r}; e.g. {[p[0].run for p in pairs()][:3]}")

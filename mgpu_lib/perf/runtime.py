@@ -65,20 +65,17 @@ class StepModel:
         return max(1, images // batch) * self.step_s(batch)
 
     def eval_s(self, images: int) -> float:
-        """One evaluation pass at `EVAL_BATCH`: forward only, a training step's work over the
-        workload's train factor."""
+        """One evaluation pass at `EVAL_BATCH`: forward only, a step's work over `train_factor`."""
         return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / workload(self.width).train_factor
 
     def rescale(self, measured_step_s: float, batch: int) -> None:
-        """Scale the datasheet model so that it predicts `measured_step_s` at `batch` (no
-        effect once a measured line is in place)."""
+        """Scale the datasheet model so that it predicts `measured_step_s` at `batch`."""
         if self.cal is None and measured_step_s > 0:
             self.scale *= measured_step_s / self.step_s(batch)
 
 
 def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None) -> float:
-    """Training seconds for `jobs` on GPUs of `spec` (DataParallel over `job.devices`), by
-    `step_seconds`, at `overheads` (default: the published runs' fit, middle)."""
+    """Training seconds for `jobs` on GPUs of `spec` (DataParallel over `job.devices`)."""
     total = 0.0
     for j in jobs:
         w = workload(j.width)
@@ -130,7 +127,5 @@ def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
 
 
 def gpu_band(jobs: Sequence[Job], spec: DeviceSpec) -> tuple[float, float]:
-    """(low, high) training seconds over the fitted overheads' four corners (`evidence.band`:
-    the GPU's efficiency range crossed with its DataParallel thread_s range)."""
-    low, _, high = band(lambda o: gpu_seconds(jobs, spec, o), spec, published_fit())
-    return low, high
+    """(low, high) training seconds over the fitted overheads' corners (`evidence.band`)."""
+    return band(lambda o: gpu_seconds(jobs, spec, o), spec, published_fit())[::2]

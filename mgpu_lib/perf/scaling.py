@@ -110,8 +110,7 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
 ]}
 
 
-def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None,
-              topo: Optional[str] = None) -> LinkSpec:
+def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None, topo: Optional[str] = None) -> LinkSpec:
     """The link between two GPUs of `spec`: the one choice every predictor makes.
 
     `p2p` False (`torch.cuda.can_device_access_peer`) stages every copy through host memory;
@@ -223,9 +222,7 @@ class StepTime:
 
 def ring_allreduce_s(nbytes: float, n: int, gbs: float, latency_s: float = 0.0) -> float:
     """Ring all-reduce: each device sends and receives 2(n-1)/n of the data in 2(n-1) hops."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / (gbs * 1e9) + 2 * (n - 1) * latency_s
+    return 2 * (n - 1) / n * nbytes / (gbs * 1e9) + 2 * (n - 1) * latency_s if n > 1 else 0.0
 
 
 def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
@@ -264,8 +261,7 @@ def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
         return 0.0
     bw = link.gbs * 1e9
     collectives = 2 * (w.grad_bytes / bw + (n - 1) * link.latency_s)
-    scatter_gather = (n - 1) * per_device * (w.input_bytes + w.output_bytes) / bw
-    return collectives + scatter_gather
+    return collectives + (n - 1) * per_device * (w.input_bytes + w.output_bytes) / bw
 
 
 def dp_python_s(w: Workload, n: int, o: Overheads) -> float:
@@ -275,15 +271,13 @@ def dp_python_s(w: Workload, n: int, o: Overheads) -> float:
 
 
 def compute_rate(spec: DeviceSpec, w: Workload, efficiency: float) -> float:
-    """Images per second one device trains at `efficiency` (vs counted FLOPs) of the peak its
-    convolutions run at (`conv_peak_tflops`: TF32 from Ampere on, FP32 before)."""
+    """Images/s one device trains at `efficiency` (vs counted FLOPs) of `conv_peak_tflops`."""
     return conv_peak_tflops(spec) * 1e12 * efficiency / w.train_flops
 
 
 def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, link: LinkSpec,
                       strategy: str = "ddp", *, workload: Workload = RESNET18,
-                      overheads: Overheads = Overheads(),
-                      images_per_second: Optional[float] = None,
+                      overheads: Overheads = Overheads(), images_per_second: Optional[float] = None,
                       accumulate: int = 1) -> StepTime:
     """Seconds for one training step of `global_batch` images on `n_devices` devices.
 
