@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from mgpu_lib.book import cli
-from mgpu_lib.training import TrainConfig, TrainResult
+from mgpu_lib.book.store import Output, ResultsError
+from mgpu_lib.training import HEADER, LEGACY_SCHEMA, SCHEMA, TrainConfig, TrainResult
 
 
 def run_cli(capsys, *argv) -> tuple:
@@ -82,3 +83,28 @@ def batch(n: int = 16):
     """`n` random 28 x 28 images and labels, the same every call."""
     g = torch.Generator().manual_seed(1)
     return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write `obj` as JSON to `path` the way `train --out` does (`Output`: checked, then atomic
+    for a file)."""
+    with Output(path) as out:
+        out.write(obj)
+
+
+def check_header(rec: dict, where: str) -> None:
+    """Raise ResultsError (one line, naming `where`) unless `rec` carries a whole header: the
+    oracle for every record the library writes."""
+    missing = [k for k in HEADER if k not in rec]
+    if missing:
+        raise ResultsError(f"{where}: no {', '.join(missing)} (a record from before the "
+                           f"header, schema {LEGACY_SCHEMA}?)")
+    # text, or None (unknown) for all but hardware
+    bad = [k for k in ("mgpu_lib", "git", "torch", "profile", "hardware") if not (
+        (isinstance(rec[k], str) and rec[k] != "") or (rec[k] is None and k != "hardware"))]
+    if rec["schema"] != SCHEMA:
+        bad.insert(0, "schema")
+    if not isinstance(rec["config"], dict) or not rec["config"]:
+        bad.append("config")
+    if bad:
+        raise ResultsError(f"{where}: bad header field(s) {', '.join(bad)}")

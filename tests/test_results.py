@@ -20,7 +20,7 @@ from mgpu_lib.book.store import ResultsError
 from mgpu_lib.book.sweep import as_point, load_store
 from mgpu_lib.training import TrainConfig, TrainResult
 
-from helpers import make_result, one_line
+from helpers import check_header, make_result, one_line, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 # FIFOs, device files, /dev and ENAMETOOLONG are POSIX; Windows has none of them.
@@ -52,7 +52,7 @@ def test_every_shipped_record_carries_the_header(path):
     recs = results.read(path)
     assert recs
     for i, rec in enumerate(recs, 1):
-        results.check_header(rec, f"{path.name}: record {i}")
+        check_header(rec, f"{path.name}: record {i}")
         if rec.get("kind") == "bench":
             assert rec["profile"] is None and rec["config"]["width"] == rec["width"]
         elif rec.get("kind") == "drop":      # the chapter's loop: test accuracy and time only
@@ -73,12 +73,12 @@ def test_a_new_result_carries_the_whole_header_and_a_sweep_record_keeps_it():
     result = TrainResult.create(config, hardware="CPU", num_devices=1, data_source="synthetic",
                                 steps_per_epoch=2)
     d = result.to_dict()
-    results.check_header(d, "a new result")
+    check_header(d, "a new result")
     assert d["torch"] == torch.__version__ and d["profile"] == "smoke"
     assert d["mgpu_lib"] == metadata.version("mgpu_lib")
     assert TrainResult.from_dict(json.loads(json.dumps(d))) == result
     rec = as_point(result, config, {"warmup_epochs": 1.0}).to_dict()
-    results.check_header(rec, "its sweep record")
+    check_header(rec, "its sweep record")
     assert {k: rec[k] for k in record.HEADER} == {k: d[k] for k in record.HEADER}
 
 
@@ -116,7 +116,7 @@ def test_a_benchmark_carries_the_header(monkeypatch):
     monkeypatch.setattr(bench, "measure", lambda modes, **kw: {k: dict(v)
                                                               for k, v in fake.items()})
     out = bench.bench(width=4, device="cpu")
-    results.check_header(out, "bench")
+    check_header(out, "bench")
     assert out["profile"] is None and out["config"]["width"] == 4
 
 
@@ -136,7 +136,7 @@ def test_old_records_read_as_schema_1_with_unknown_versions():
     old = results.as_run(nested_record(), "old")
     assert old.schema == record.LEGACY_SCHEMA and old.torch is None
     with pytest.raises(ResultsError, match="no schema"):
-        results.check_header(nested_record(), "old")
+        check_header(nested_record(), "old")
 
 
 @pytest.mark.parametrize("status,epochs", [("ok", 2), ("diverged", 2), ("diverged", 1),
@@ -181,7 +181,7 @@ def test_a_symlinked_output_writes_its_target(tmp_path):
     target, link = tmp_path / "target.json", tmp_path / "link.json"
     target.write_text(json.dumps({"old": 1}, indent=1), encoding="utf-8")
     link.symlink_to(target)
-    results.write_json_atomic(link, {"a": 1})
+    write_json_atomic(link, {"a": 1})
     assert link.is_symlink() and json.loads(target.read_text(encoding="utf-8")) == {"a": 1}
 
 
@@ -191,7 +191,7 @@ def test_a_fifo_is_written_into_not_replaced(tmp_path):
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # a reader, there before the write
     try:
-        results.write_json_atomic(fifo, {"a": 1})
+        write_json_atomic(fifo, {"a": 1})
         got = os.read(reader, 1000)
     finally:
         os.close(reader)
@@ -212,7 +212,7 @@ def null_device(tmp_path) -> Path:
 
 def test_a_device_is_never_replaced(null_device):
     dev = null_device
-    results.write_json_atomic(dev, {"a": 1})
+    write_json_atomic(dev, {"a": 1})
     assert stat.S_ISCHR(os.stat(dev).st_mode) and os.stat(dev).st_rdev == os.makedev(1, 3)
     with pytest.raises(ResultsError, match="character device; a results store must be"):
         results.append(dev, {"a": 1})
@@ -245,7 +245,7 @@ def test_a_full_disk_keeps_the_json_and_the_old_file(tmp_path, monkeypatch):
     out.write_text(old, encoding="utf-8")
     _full_disk(monkeypatch, tmp_path.parent / f"{tmp_path.name}-kept", after=3)
     with pytest.raises(ResultsError, match="No space left on device; the result was kept") as e:
-        results.write_json_atomic(out, {"new": 2})
+        write_json_atomic(out, {"new": 2})
     assert json.loads(_kept(one_line(e)).read_text(encoding="utf-8")) == {"new": 2}
     assert out.read_text(encoding="utf-8") == old and sorted(os.listdir(tmp_path)) == ["r.json"]
 
@@ -337,7 +337,7 @@ def test_a_sweep_refuses_a_device_store_before_training(null_device):
 def test_dash_is_refused_not_written_as_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for call in (lambda: results.check_writable("-"),
-                 lambda: results.write_json_atomic("-", {"a": 1})):
+                 lambda: write_json_atomic("-", {"a": 1})):
         with pytest.raises(ResultsError, match="standard output"):
             call()
     assert not (tmp_path / "-").exists()
@@ -372,7 +372,7 @@ def test_an_output_never_replaces_a_store_a_checkpoint_or_notes(tmp_path):
     for path, says in ((store, "it is a results store (18 records)"),
                        (ckpt, "it is not a JSON document"), (notes, "it is not a JSON document")):
         with pytest.raises(ResultsError, match=re.escape(f"will not replace {path}: {says}")) as e:
-            results.write_json_atomic(path, make_result().to_dict())
+            write_json_atomic(path, make_result().to_dict())
         one_line(e)
     assert {p: p.read_bytes() for p in files} == files
     results.save_result(make_result(), old)
@@ -433,7 +433,7 @@ def test_a_store_holds_one_kind_of_record(tmp_path):
 def test_a_trailing_slash_names_a_folder_never_a_file(tmp_path, monkeypatch, name):
     """Before: `--out newdir/` wrote a file named newdir."""
     monkeypatch.chdir(tmp_path)
-    for call in (lambda: results.write_json_atomic(name, {"a": 1}),
+    for call in (lambda: write_json_atomic(name, {"a": 1}),
                  lambda: results.append(name, {"a": 1})):
         with pytest.raises(ResultsError, match="a name ending in '/' is a folder") as e:
             call()

@@ -26,8 +26,8 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..config import _is_int
-from ..training import (HEADER, LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult,
-                        write_atomic, write_fully)
+from ..training import (LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, write_atomic,
+                        write_fully)
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
@@ -192,29 +192,6 @@ class Output(contextlib.AbstractContextManager):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def write_json_atomic(path, obj) -> None:
-    """Write `obj` as JSON to `path` (`Output`: checked, then atomic for a file)."""
-    with Output(path) as out:
-        out.write(obj)
-
-
-def check_header(rec: dict, where: str) -> None:
-    """Raise ResultsError (one line, naming `where`) unless `rec` carries a whole header."""
-    missing = [k for k in HEADER if k not in rec]
-    if missing:
-        raise ResultsError(f"{where}: no {', '.join(missing)} (a record from before the "
-                           f"header, schema {LEGACY_SCHEMA}?)")
-    # text, or None (unknown) for all but hardware
-    bad = [k for k in ("mgpu_lib", "git", "torch", "profile", "hardware") if not (
-        (isinstance(rec[k], str) and rec[k] != "") or (rec[k] is None and k != "hardware"))]
-    if rec["schema"] != SCHEMA:
-        bad.insert(0, "schema")
-    if not isinstance(rec["config"], dict) or not rec["config"]:
-        bad.append("config")
-    if bad:
-        raise ResultsError(f"{where}: bad header field(s) {', '.join(bad)}")
 
 
 def _metric_problem(name: str, values, epochs: int, status: str) -> Optional[str]:

@@ -83,13 +83,6 @@ def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
     return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
 
 
-def calibrated_overheads(cal: Calibration) -> Overheads:
-    """Overheads for predictions from a calibration: its intercept is the whole per-step cost
-    (launches, optimizer, Python), and its rate already reflects the batch it ran at."""
-    return Overheads(efficiency=1.0, half_batch=0.0, step_s=cal.step_s, thread_s=0.0, tensor_s=0.0,
-                     optimizer_passes=0.0)
-
-
 @functools.lru_cache(maxsize=None)
 def workload(width: int = 64, image_size: int = 28) -> Workload:
     """The chapter's ResNet-18 at `width` on `image_size`-px images, as numbers (no net built)."""

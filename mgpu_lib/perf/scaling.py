@@ -319,8 +319,3 @@ def predict_epoch_time(n_devices: int, global_batch: int, num_images: int, spec:
     return max(t, num_images / loader_images_per_s) if loader_images_per_s else t
 
 
-def scaling_efficiency(t1: float, tn: float, n: int) -> float:
-    """Speedup over one device divided by n: t1 / (n * tn), both for the same number of images."""
-    return t1 / (n * tn)
-
-
