@@ -28,7 +28,7 @@ from .data import DataError, DeviceLoader, load_subsets, shard_indices  # noqa: 
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
 from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
-                       make_step, write_atomic)
+                       make_step, not_a_file, write_atomic)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -93,18 +93,30 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
              "result": json.loads(json.dumps(result.to_dict()))}
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    return write_atomic(folder / CKPT_NAME, buffer.getvalue())
+    return write_atomic(checkpoint_file(folder), buffer.getvalue())
+
+
+def checkpoint_file(folder) -> Path:
+    """`folder`'s checkpoint, where saves go: through a link, to the file it points to. A
+    CheckpointError if something else is there (a FIFO, a device, a folder, a link to nothing),
+    which a save would replace."""
+    path = Path(folder) / CKPT_NAME
+    what = not_a_file(path)
+    if what:
+        raise CheckpointError(f"{path} is {what}, and a checkpoint would replace it; name "
+                              f"another --checkpoint folder")
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def remove_partial_checkpoints(folder) -> None:
-    """Delete what saves killed midway left in `folder` (`save_checkpoint`'s temporary files)."""
-    for tmp in Path(folder).glob(f".{CKPT_NAME}.*"):
+    """Delete what saves killed midway left (`save_checkpoint`'s temporary files)."""
+    for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}.*"):
         tmp.unlink(missing_ok=True)
 
 
 def check_fresh(folder) -> None:
     """Refuse to start a run (not `--resume`) over a checkpoint that is already in `folder`."""
-    if folder and (Path(folder) / CKPT_NAME).exists():
+    if folder and checkpoint_file(folder).exists():
         raise CheckpointError(f"{Path(folder) / CKPT_NAME} exists (from an earlier run); use "
                               f"--resume to continue it, or another --checkpoint folder")
 
@@ -114,7 +126,7 @@ def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[di
     CheckpointError if it is truncated or corrupt, belongs to a different run, or holds more
     epochs than `config.num_epochs` (resuming it would train nothing and report more epochs than
     were asked for)."""
-    path = Path(folder) / CKPT_NAME
+    path = checkpoint_file(folder)
     if not path.is_file():
         return None
     state = _read_checkpoint(path)

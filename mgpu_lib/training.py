@@ -62,11 +62,22 @@ def write_fully(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def not_a_file(path) -> Optional[str]:
+    """What is at `path` if it is there but is not a regular file or a link to one, else None.
+    `write_atomic` would replace it, so outputs are checked with this before any work starts."""
+    path = Path(path)
+    if not os.path.lexists(path) or path.is_file():
+        return None
+    return ("a link to nothing" if not path.exists() else "a folder" if path.is_dir()
+            else "not a regular file (a FIFO or a device?)")
+
+
 def write_atomic(path, data) -> Path:
     """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
     readers see the old file or the new one, and a failed write (a full disk) leaves no torn
-    file behind. Results, traces and checkpoints are all written this way."""
-    path = Path(path)
+    file behind. A link at `path` is the user's: the file it points to is replaced, not the
+    link. Results, traces and checkpoints are all written this way."""
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

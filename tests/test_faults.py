@@ -390,3 +390,72 @@ def test_a_worker_run_by_hand_says_what_is_missing_in_one_line(monkeypatch, caps
         assert main(["worker", "--config", str(path)]) == 2
         err = capsys.readouterr().err
         assert _one_line(err) and f"--config {path}: not a TrainConfig JSON file" in err, err
+
+
+# ---- a checkpoint or trace never replaces what is not a file ------------------------------------
+
+def _not_files(folder: Path) -> dict:
+    """A FIFO, a link to a device (a device without root), a folder and a link to nothing, each
+    planted at `folder/<kind>/last.pt`."""
+    made = {}
+    for kind in ("fifo", "device", "folder", "dangling"):
+        path = folder / kind / ddp.CKPT_NAME
+        path.parent.mkdir(parents=True)
+        if kind == "fifo":
+            if not hasattr(os, "mkfifo"):
+                continue
+            os.mkfifo(path)
+        elif kind == "device":
+            path.symlink_to(os.devnull)
+        elif kind == "folder":
+            path.mkdir()
+        else:
+            path.symlink_to(folder / "nowhere" / ddp.CKPT_NAME)
+        made[kind] = path
+    return made
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_checkpoint_that_is_no_file_is_refused_in_one_line_before_any_start(
+        tmp_path, capsys, no_job, resume):
+    """Before (issue 33): with `--resume`, a FIFO or a device at DIR/last.pt read as "no
+    checkpoint", the run started at epoch 1 and its first save replaced the node with a file (a
+    link to nothing, too). Now it is refused before any process starts, and left as it was."""
+    for kind, path in _not_files(tmp_path).items():
+        before = os.lstat(path)
+        code = main(ddp_train("--checkpoint", str(path.parent), *(["--resume"] if resume else [])))
+        err = capsys.readouterr().err
+        assert code == 2 and _one_line(err) and str(path) in err, (kind, err)
+        assert os.lstat(path).st_ino == before.st_ino and os.lstat(path).st_mode == before.st_mode
+
+
+def test_a_checkpoint_through_a_link_is_saved_where_the_link_points(tmp_path):
+    """Before: a link to a checkpoint was replaced by a file and its target left stale."""
+    config = tiny(num_epochs=3)
+    real = _checkpoint(tmp_path / "real", config, 1)
+    link = tmp_path / "link" / ddp.CKPT_NAME
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert ddp.load_checkpoint(link.parent, config, 2)["epoch"] == 1
+    _checkpoint(link.parent, config, 2)
+    assert link.is_symlink() and ddp.load_checkpoint(real.parent, config, 2)["epoch"] == 2
+    assert not list(real.parent.glob(f".{ddp.CKPT_NAME}.*")) and len(list(link.parent.iterdir())) == 1
+
+
+def test_a_trace_never_replaces_what_is_not_a_file(tmp_path, monkeypatch):
+    """Before: `trace --out DIR` where DIR/one_bucket/rank0.json was a device replaced it."""
+    from mgpu_lib.lab import trace
+
+    def started(*args, **kw):
+        raise AssertionError("a traced job was started")
+    monkeypatch.setattr(trace, "run_ranks", started)
+    config = tiny()
+    variant = trace._folder(trace.default_variants(config.width)[1])
+    for kind, planted in _not_files(tmp_path / "planted").items():
+        out = tmp_path / kind
+        path = out / variant / "rank1.json"
+        path.parent.mkdir(parents=True)
+        os.replace(planted, path)
+        with pytest.raises(ValueError, match="a trace would replace it") as e:
+            trace.trace_ddp(config, 2, out=out)
+        assert "\n" not in str(e.value) and os.path.lexists(path) and not path.is_file()

@@ -57,6 +57,30 @@ def test_title_and_setup_cell(path):
     assert "print(SETUP)" in setup.source
 
 
+def _install_part(path: Path) -> str:
+    """The setup cell's install step: what runs before it imports mgpu_lib."""
+    setup = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    return setup.source.split("from mgpu_lib")[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_setup_cell_installs_what_is_named_and_refuses_an_empty_name(path, monkeypatch):
+    """Before (issue 33): `MGPU_INSTALL=""` installed nothing without a word. Run where mgpu_lib
+    is missing: a name is what pip installs; an empty one is a one-line error, and no pip."""
+    import subprocess
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv))
+    monkeypatch.setenv("MGPU_INSTALL", " ./a/checkout ")
+    exec(_install_part(path), {})
+    assert [argv[-1] for argv in calls] == ["./a/checkout"] and calls[0][1:4] == ["-m", "pip",
+                                                                                 "install"]
+    monkeypatch.setenv("MGPU_INSTALL", " ")
+    with pytest.raises(ValueError, match="MGPU_INSTALL is empty") as e:
+        exec(_install_part(path), {})
+    assert "\n" not in str(e.value) and len(calls) == 1
+
+
 def test_the_kaggle_button_follows_colabs():
     colab = "https://colab.research.google.com/github/o/r/blob/main/chapters/05_ddp.ipynb"
     launch = {"label": "launch-buttons", "buttons": [{"text": "Binder"}, {"text": "Colab",

@@ -1,5 +1,5 @@
 """Each page's work, its predicted time, and the trim that fits a GPU page in its budget."""
-import gc
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -76,23 +76,25 @@ def test_cpu_predictions_are_a_range_from_the_recorded_cpus():
     assert predict("03_dataparallel", CPU)["cuts"] == []
 
 
-def test_recorded_ex1_costs_nothing_but_startup_and_smoke_is_fresh():
+def test_recorded_ex1_costs_nothing_but_startup():
     assert page_jobs("ex1_hyperparameters", CPU) == []
     assert ex1_plan(CPU).recorded and ex1_plan(CPU).store.is_file()
-    a, b = ex1_plan(SMOKE), ex1_plan(SMOKE)
-    assert a.store != b.store and not a.store.exists() and a.runs == a.store
 
 
-def test_a_smoke_run_of_ex1_leaves_no_file_behind():
-    """Before: every smoke run of ex1 left an mgpu-ex1-smoke-*.jsonl in the temporary folder.
-    Its store is now in a scratch folder that goes with the plan (at the latest, when the
-    kernel exits)."""
+def test_a_smoke_run_of_ex1_leaves_one_file_in_runs_and_none_in_the_temporary_folder(
+        tmp_path, monkeypatch):
+    """Before: every smoke run of ex1 left an mgpu-ex1-smoke-*.jsonl in the temporary folder,
+    and then a scratch folder whenever nbval killed the kernel. Its store is now
+    ./runs/ex1_smoke.jsonl, emptied by each new plan, so runs never pile up anywhere."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     plan = ex1_plan(SMOKE)
+    assert plan.store == plan.runs and plan.store.resolve().parent == tmp_path / "runs"
+    plan.store.parent.mkdir()
     plan.store.write_text("{}\n", encoding="utf-8")
-    folder = plan.store.parent
-    del plan
-    gc.collect()
-    assert not folder.exists()
+    assert ex1_plan(SMOKE).store == plan.store and not plan.store.exists()   # a fresh sweep
+    assert not any((tmp_path / "tmp").iterdir())
 
 
 @pytest.mark.parametrize("profile", [SMOKE, CPU, FULL])

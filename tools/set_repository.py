@@ -28,6 +28,7 @@ import nbformat
 import yaml
 
 from mgpu_lib.book.cli import Parser
+from mgpu_lib.book.store import plural
 
 ROOT = Path(__file__).resolve().parent.parent
 # The setup cell's line: REPO_URL = "https://github.com/..."  # _config.yml's repository
@@ -161,7 +162,7 @@ def main(argv: list[str], root: Path = ROOT) -> int:
         return 2
     changed = [p.name for p in writes if p.suffix == ".ipynb"]
     names = f" ({', '.join(changed)})" if changed else ""
-    print(f"{url}: {len(changed)} notebook(s) updated{names}")
+    print(f"{url}: {plural(len(changed), 'notebook')} updated{names}")
     return 0
 
 

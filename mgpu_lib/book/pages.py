@@ -19,9 +19,8 @@ The predictions come from a model, not from measurements:
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -47,9 +46,9 @@ class Ex1Plan:
     """Exercise 1's sweeps under a profile: the base config, the values, and the stores.
 
     `store` is where the page reads its points: under `cpu` the record shipped with the package
-    (`recorded` is True), read and never written. New points go to `runs`, never inside the
-    package: `./runs/`, or under `smoke` a scratch folder removed when the process exits. So
-    `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded else None)`."""
+    (`recorded` is True), read and never written. New points go to `runs` in `./runs/`, never
+    inside the package. So `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded
+    else None)`."""
     base: TrainConfig
     epochs: list
     batches: list
@@ -58,7 +57,6 @@ class Ex1Plan:
     recorded: bool              # the store is a record shipped with the package
     seeds: tuple
     runs: Path
-    scratch: Optional[tempfile.TemporaryDirectory] = field(default=None, compare=False, repr=False)
 
 
 def recorded_cpu_rates() -> dict[str, dict[int, float]]:
@@ -83,15 +81,14 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
 
 
 def ex1_plan(profile: Profile) -> Ex1Plan:
-    """smoke: a tiny sweep in a scratch folder; cpu: the recorded sweep (width 16, 5,000
-    images), read, not retrained; anything else: the chapter's settings (see `Ex1Plan`)."""
+    """smoke: a tiny sweep, trained afresh on every plan; cpu: the recorded sweep (width 16,
+    5,000 images), read, not retrained; anything else: the chapter's settings (see `Ex1Plan`)."""
     runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
+        # one file, replaced by each run: a temporary folder outlives a killed kernel (nbval's)
+        runs.unlink(missing_ok=True)
         base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
-        scratch = tempfile.TemporaryDirectory(prefix="mgpu-ex1-smoke-")
-        store = Path(scratch.name) / "ex1_smoke.jsonl"
-        return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], store, False, profile.seeds,
-                       store, scratch)
+        return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], runs, False, profile.seeds, runs)
     lrs = [0.05, 0.1, 0.2, 0.4, 50.0]
     if profile.name == "cpu":
         return Ex1Plan(profile.config(train_limit=5000, test_limit=1000), [1, 2, 3, 4, 5, 6],

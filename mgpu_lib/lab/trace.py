@@ -33,7 +33,7 @@ from ..config import Check
 from ..ddp import choose_backend, cpu_threads, local_batch_size
 from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
-from ..training import TrainConfig, make_model
+from ..training import TrainConfig, make_model, not_a_file
 from .events import TraceRun, overlap_rows, read_trace, save_events, write_atomic
 from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
@@ -178,6 +178,11 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     check_nprocs(nprocs, backend)
     variants = list(variants or default_variants(config.width))
     out, start = Path(out), time.perf_counter()
+    for path in [out / _folder(v) / f"rank{r}.json" for v in variants for r in range(nprocs)
+                 ] + [out / "events.json"]:
+        if what := not_a_file(path):     # a user's FIFO or device is never replaced by a trace
+            raise ValueError(f"{path} is {what}; a trace would replace it: name another --out "
+                             f"folder")
     with job_folder("mgpu-trace-") as tmp:
         spec = tmp / "trace.json"
         spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend, out=str(out),
