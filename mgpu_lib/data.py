@@ -217,10 +217,6 @@ class DeviceLoader:
         n, b = self.per_rank, self.batch_size
         return n // b if self.drop_last else math.ceil(n / b)
 
-    @property
-    def num_samples(self) -> int:
-        return len(self.labels)
-
     def _order(self) -> torch.Tensor:
         n = len(self.labels)
         if self.world_size > 1:

@@ -77,11 +77,6 @@ class SplitPlan:
     sync_s: float = 0.0  # the sync paid (0 when only one device has work)
 
     @property
-    def saved_s(self) -> float:
-        """Compute time the split saves per step, before paying the sync."""
-        return self.alone_s - (self.step_s - self.sync_s)
-
-    @property
     def speedup(self) -> float:
         return self.alone_s / self.step_s if self.step_s > 0 else math.inf
 

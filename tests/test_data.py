@@ -181,7 +181,7 @@ def test_real_data_shapes_dtypes_balance_and_seed(fashion_dir):
     assert y.shape == (64,) and y.dtype == torch.int64
     assert 0.0 <= x.min() and x.max() <= 1.0 and x.max() > 0.9   # ToTensor's [0, 1] scale
     assert train_iter.images.dtype == torch.uint8                 # stored compactly
-    assert train_iter.num_samples == 1000 and len(train_iter) == 15    # 1000 // 64
+    assert len(train_iter.labels) == 1000 and len(train_iter) == 15    # 1000 // 64
     assert [len(y) for _, y in train_iter] == [64] * 15     # no 40-image last batch in training
     assert sum(len(y) for _, y in test_iter) == 200          # evaluation keeps every image
     assert torch.bincount(train_iter.labels, minlength=10).tolist() == [100] * 10

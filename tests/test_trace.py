@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,7 +18,7 @@ from torch import nn
 
 from mgpu_lib.lab import trace as trace_mod
 from mgpu_lib.devices import DeviceError, num_gpus
-from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_spans, load_events,
+from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_spans,
                              mean_overlap, measure_overlap, overlap_rows, read_trace,
                              save_events, write_atomic)
 from mgpu_lib.lab.launcher import LaunchError
@@ -28,6 +29,13 @@ from mgpu_lib.lab.trace import ONE_BUCKET_MB, MarkedDataParallel, Variant, trace
 from mgpu_lib.training import TrainConfig
 
 from ddp_helpers import alive, gone, signal_job, wait_for
+
+
+def load_events(path) -> TraceRun:
+    """A `TraceRun` back from the events.json that `save_events` wrote."""
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    ranks = [RankTrace(**{**r, "events": [Event(**e) for e in r["events"]]}) for r in d["ranks"]]
+    return TraceRun(**{**d, "ranks": ranks})
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", **args):
@@ -87,11 +95,8 @@ def test_overlap_counts_only_the_part_inside_backward(tmp_path):
     assert o.fraction == pytest.approx(0.5)
     assert (o.allreduces, o.started_early) == (1, 1)
     assert o.backward_s == pytest.approx(400e-6)
-    # the model hides up to overlap x backward: 0.5 x 400 us covers all 100 us; 0.1 x 400 half
+    # the model hides up to overlap x backward: 0.5 x 400 us covers all 100 us; 0.1 x 400, 40%
     assert o.assumed_fraction(0.5) == 1.0 and o.assumed_fraction(0.1) == pytest.approx(0.4)
-    assert o.model_words(0.5) == "is more optimistic than"            # 100% against 50%
-    assert o.model_words(0.125) == "about matches"                    # 50% against 50%
-    assert o.model_words(0.05) == "is more pessimistic than"          # 20% against 50%
 
 
 def test_no_sync_micro_batches_have_their_own_backward_spans():

@@ -161,14 +161,6 @@ class Overlap:
         overlap = Overheads().overlap if overlap is None else overlap
         return min(1.0, overlap * self.backward_s / self.allreduce_s) if self.allreduce_s else 0.0
 
-    def model_words(self, overlap: Optional[float] = None, within: float = 0.1) -> str:
-        """How the model's hidden share stands to the measured one: within `within` (a share,
-        0.1 = 10 points) it "about matches"; otherwise it is more optimistic or pessimistic."""
-        model = self.assumed_fraction(overlap)
-        if abs(model - self.fraction) < within:
-            return "about matches"
-        return "is more optimistic than" if model > self.fraction else "is more pessimistic than"
-
 
 def measure_overlap(trace: RankTrace) -> Overlap:
     """How much of each step's all-reduce time ran while backward was computing."""
@@ -188,12 +180,6 @@ def measure_overlap(trace: RankTrace) -> Overlap:
 def save_events(run: TraceRun, path) -> Path:
     """`run` as one small JSON file (events, not the Chrome traces)."""
     return write_atomic(path, json.dumps(asdict(run)))
-
-
-def load_events(path) -> TraceRun:
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    ranks = [RankTrace(**{**r, "events": [Event(**e) for e in r["events"]]}) for r in d["ranks"]]
-    return TraceRun(**{**d, "ranks": ranks})
 
 
 def mean_overlap(run: TraceRun, variant: str) -> Overlap:
