@@ -128,12 +128,16 @@ def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None, topo: Optional[str] 
 
 
 def conv_peak_tflops(spec: DeviceSpec) -> float:
-    """The peak the chapter's "fp32" convolutions run at on `spec`: from Ampere on, the dense
-    TF32 figure, because cuDNN runs fp32 convolutions in TF32 on the tensor cores
-    (`torch.backends.cudnn.allow_tf32` is True by default: PyTorch's note "TensorFloat-32
-    (TF32) on Ampere (and later) devices"); before (K80, T4, V100), the FP32 cores'. The final
-    linear layer stays in FP32 (`torch.backends.cuda.matmul.allow_tf32` is False by default),
-    a few thousand FLOPs per image out of about a billion."""
+    """The peak the chapter's "fp32" convolutions run at on `spec`.
+
+    On Ampere and newer GPUs (A100, RTX 30 and 40, H100, H200) cuDNN runs fp32 convolutions in
+    TF32 on the tensor cores, because `torch.backends.cudnn.allow_tf32` is True by default
+    (PyTorch's note "TensorFloat-32 (TF32) on Ampere (and later) devices"); their peak is
+    the datasheet's dense TF32 figure, not the FP32 cores'. Before Ampere (K80, T4, V100)
+    there is no TF32, and the FP32 cores do the work. The final linear layer stays in FP32
+    (`torch.backends.cuda.matmul.allow_tf32` is False by default), a few thousand FLOPs per
+    image out of about a billion.
+    """
     return spec.tf32_tflops or spec.fp32_tflops
 
 
