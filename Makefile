@@ -17,11 +17,11 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 venv: $(STAMP)
 
+# setuptools warns on every editable install that a folder named like the package may shadow it:
+# here that folder is the package itself, so the note is silenced (issue 29: a quiet install).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# setuptools warns on every editable install that a folder named like the package may shadow
-	# it: here that folder is the package itself, so the note is silenced (issue 29: a quiet install)
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
