@@ -131,6 +131,11 @@ def _folder(variant: Variant) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", variant.name).strip("_")
 
 
+def _trace_file(out, variant: Variant, rank: int) -> Path:
+    """Where rank `rank`'s Chrome trace of `variant` goes: OUT/<variant>/rank<r>.json."""
+    return Path(out) / _folder(variant) / f"rank{rank}.json"
+
+
 @record     # an exception goes to this rank's error file, where the launcher reads it
 def trace_rank(spec_path: str) -> None:
     """One rank of `trace_ddp`'s job (`python -m mgpu_lib.lab.trace SPEC`, under the launcher's
@@ -157,8 +162,7 @@ def trace_rank(spec_path: str) -> None:
                     width=cfg.width, batch_size=cfg.batch_size,
                     hardware=describe_devices([device]), world_size=dist.get_world_size(),
                     backend=dist.get_backend())
-        path = Path(spec["out"]) / _folder(v) / f"rank{rank}.json"
-        _save(prof, meta, path, Path(spec_path).parent)
+        _save(prof, meta, _trace_file(spec["out"], v, rank), Path(spec_path).parent)
         dist.barrier()
     dist.destroy_process_group()
 
@@ -178,8 +182,8 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     check_nprocs(nprocs, backend)
     variants = list(variants or default_variants(config.width))
     out, start = Path(out), time.perf_counter()
-    for path in [out / _folder(v) / f"rank{r}.json" for v in variants for r in range(nprocs)
-                 ] + [out / "events.json"]:
+    for path in [_trace_file(out, v, r) for v in variants for r in range(nprocs)] + [
+            out / "events.json"]:
         if what := not_a_file(path):     # a user's FIFO or device is never replaced by a trace
             raise ValueError(f"{path} is {what}; a trace would replace it: name another --out "
                              f"folder")
@@ -191,13 +195,12 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
         run_ranks(["-m", "mgpu_lib.lab.trace", str(spec)], nprocs, tmp,
                   env=rank_env(backend, nprocs), timeout_s=timeout_s)
     # the hardware as rank 0 saw it: its share of the threads, not this process's
-    meta = json.loads((out / _folder(variants[0]) / "rank0.json").read_text(
-        encoding="utf-8"))["otherData"]
+    meta = json.loads(_trace_file(out, variants[0], 0).read_text(encoding="utf-8"))["otherData"]
     noun = "process" if nprocs == 1 else "processes"
     run = TraceRun(f"{nprocs} {backend} {noun}, each on {meta['mgpu']['hardware']}",
                    config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
-    run.ranks = [read_trace(out / _folder(v) / f"rank{r}.json", v.name, r)
+    run.ranks = [read_trace(_trace_file(out, v, r), v.name, r)
                  for v in variants for r in range(nprocs)]
     save_events(run, out / "events.json")
     return run
