@@ -93,6 +93,8 @@ def test_a_smoke_run_of_ex1_leaves_one_file_in_runs_and_none_in_the_temporary_fo
     assert plan.store == plan.runs and plan.store.resolve().parent == tmp_path / "runs"
     plan.store.parent.mkdir()
     plan.store.write_text("{}\n", encoding="utf-8")
+    page_jobs("ex1_hyperparameters", SMOKE)              # a prediction (`pages`) deletes nothing
+    assert plan.store.exists()
     assert ex1_plan(SMOKE).store == plan.store and not plan.store.exists()   # a fresh sweep
     assert not any((tmp_path / "tmp").iterdir())
 

@@ -80,13 +80,14 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
     return min(times), max(times), recorded_cpus(rates)
 
 
-def ex1_plan(profile: Profile) -> Ex1Plan:
-    """smoke: a tiny sweep, trained afresh on every plan; cpu: the recorded sweep (width 16,
-    5,000 images), read, not retrained; anything else: the chapter's settings (see `Ex1Plan`)."""
+def ex1_plan(profile: Profile, *, fresh: bool = True) -> Ex1Plan:
+    """smoke: a tiny sweep, trained afresh on every plan (`fresh`: its store is emptied);
+    cpu: the recorded sweep (width 16, 5,000 images), read, not retrained; anything else: the
+    chapter's settings (see `Ex1Plan`)."""
     runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
-        # one file, replaced by each run: a temporary folder outlives a killed kernel (nbval's)
-        runs.unlink(missing_ok=True)
+        if fresh:   # one file, replaced by each run: a temporary folder outlives a killed kernel
+            runs.unlink(missing_ok=True)
         base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
         return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], runs, False, profile.seeds, runs)
     lrs = [0.05, 0.1, 0.2, 0.4, 50.0]
@@ -126,7 +127,7 @@ def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
         return [Job("the chapter's loop, then each switch", modes, p.width, p.batch_size,
                     steps=2 + 3 * bench_steps(p))]
     if page == "ex1_hyperparameters":
-        plan = ex1_plan(p)
+        plan = ex1_plan(p, fresh=False)         # a prediction deletes nothing
         if plan.recorded:
             return []
         b, s = plan.base, len(p.seeds)
