@@ -101,8 +101,7 @@ def checkpoint_file(folder) -> Path:
     CheckpointError if something else is there (a FIFO, a device, a folder, a link to nothing),
     which a save would replace."""
     path = Path(folder) / CKPT_NAME
-    what = not_a_file(path)
-    if what:
+    if what := not_a_file(path):
         raise CheckpointError(f"{path} is {what}, and a checkpoint would replace it; name "
                               f"another --checkpoint folder")
     return Path(os.path.realpath(path)) if path.is_symlink() else path

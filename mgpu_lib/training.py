@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import stat
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -62,14 +63,20 @@ def write_fully(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file's `st_mode` says it is, in words: "a FIFO", "a folder"..."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
 def not_a_file(path) -> Optional[str]:
     """What is at `path` if it is there but is not a regular file or a link to one, else None.
     `write_atomic` would replace it, so outputs are checked with this before any work starts."""
     path = Path(path)
     if not os.path.lexists(path) or path.is_file():
         return None
-    return ("a link to nothing" if not path.exists() else "a folder" if path.is_dir()
-            else "not a regular file (a FIFO or a device?)")
+    return file_kind(path.stat().st_mode) if path.exists() else "a link to nothing"
 
 
 def write_atomic(path, data) -> Path:

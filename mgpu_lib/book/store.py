@@ -26,8 +26,8 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..config import _is_int
-from ..training import (LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, write_atomic,
-                        write_fully)
+from ..training import (LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, file_kind,
+                        write_atomic, write_fully)
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
@@ -46,12 +46,6 @@ def _shown(path) -> str:
     """`path` short enough for a one-line message."""
     text = str(path)
     return text if len(text) <= 120 else f"{text[:60]}...{text[-50:]} ({len(text)} characters)"
-
-
-def _kind(mode: int) -> str:
-    return ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a FIFO" if stat.S_ISFIFO(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
 def _mode(path: Path):
@@ -97,7 +91,7 @@ def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> 
             store or not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode))):
         what = "a results store must be a regular file or not exist yet" if store else \
             "an output must be a file, a character device or a FIFO"
-        raise ResultsError(f"cannot write {shown}: it is {_kind(mode)}; {what}")
+        raise ResultsError(f"cannot write {shown}: it is {file_kind(mode)}; {what}")
     if not parent.is_dir():
         raise ResultsError(f"cannot write {shown}: {parent} is not a folder")
     if not writable:
@@ -328,7 +322,7 @@ def read(path) -> list[dict]:
         if mode is None:
             return []
         if not stat.S_ISREG(mode):
-            raise ResultsError(f"cannot read {shown}: it is {_kind(mode)}; a results store "
+            raise ResultsError(f"cannot read {shown}: it is {file_kind(mode)}; a results store "
                                f"must be a regular file")
         data = path.read_bytes()
     except OSError as e:
