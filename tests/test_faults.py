@@ -117,10 +117,13 @@ def test_unwritable_checkpoint_fails_before_training(tmp_path, capsys, no_job, u
 
 
 # The exceptions the old pattern (`^\w*(Error|Exception)`) missed: their names are dotted.
-DOTTED = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+# torch.cuda.OutOfMemoryError: torch.OutOfMemoryError is newer than torch 2.3 (the floor); its
+# name is printed as torch.OutOfMemoryError on newer torch, torch.cuda.OutOfMemoryError on 2.3.
+OOM = torch.cuda.OutOfMemoryError
+DOTTED = [OOM("CUDA out of memory. Tried to allocate 2.00 GiB"),
           torch.distributed.DistNetworkError("Connection reset by peer"),
           _pickle.UnpicklingError("invalid load key, 'x'.")]
-DOTTED_NAMES = ["torch.OutOfMemoryError", "torch.distributed.DistNetworkError",
+DOTTED_NAMES = [f"{OOM.__module__}.{OOM.__qualname__}", "torch.distributed.DistNetworkError",
                 "_pickle.UnpicklingError"]
 
 
