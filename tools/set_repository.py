@@ -11,6 +11,12 @@ mgpu_lib from, and the git ref it installs (`REPO_REF`, by default the tag `v<ve
 package's version in pyproject.toml: push that tag when the book is published), so that a reader
 who opens a page later gets the library the page was written for, not whatever `main` holds.
 tests/test_notebooks.py checks that every copy agrees with `_config.yml` and the version.
+It also sets the book's published address (`html.baseurl`, the GitHub Pages URL of the
+repository: the canonical link search engines and link previews follow) from the URL.
+
+A ref follows git's own rules (`git check-ref-format`), in ASCII letters, digits and `._/+-`
+(what the setup cell's string and pip's `git+URL@REF` carry as written). A notebook that is a
+symbolic link has its target stamped, and stays a link.
 
 All or nothing: the URL is checked (a GitHub owner and repository name), every file is read,
 parsed and checked writable first, and only then written, each through a temporary file
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,17 +37,20 @@ import yaml
 from mgpu_lib.book.cli import Parser
 from mgpu_lib.book.store import plural
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from release_check import REF_LINE, notebooks, version  # noqa: E402  (tools/ is not a package)
+
 ROOT = Path(__file__).resolve().parent.parent
 # The setup cell's line: REPO_URL = "https://github.com/..."  # _config.yml's repository
 REPO_LINE = re.compile(r'^REPO_URL = "[^"]*"', re.M)
-REF_LINE = re.compile(r'^REPO_REF = "[^"]*"', re.M)
-REF = re.compile(r"[\w][\w.+-]{0,99}")         # a tag, branch or commit: no spaces, no '..'
-VERSION = re.compile(r'^version = "([^"]+)"', re.M)
+# What a ref may hold here, before git's rules: no '-' first (git would read an option).
+REF = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_+./-]{0,99}")
 # GitHub's rules: an owner is 1 to 39 letters, digits and single hyphens, not at either end; a
-# repository name is letters, digits, '.', '-' and '_', and never only dots ('.', '..').
+# repository name is ASCII letters, digits, '.', '-' and '_', and never only dots ('.', '..').
 URL = re.compile(r"https://github\.com/(?P<owner>[A-Za-z0-9](?:-?[A-Za-z0-9]){0,38})/"
-                 r"(?P<name>(?!\.+$)[\w.-]{1,100})")
+                 r"(?P<name>(?!\.+$)[A-Za-z0-9_.-]{1,100})")
 CONFIG_URL = re.compile(r"^(repository:\n  url: ).*$", re.M)
+CONFIG_BASEURL = re.compile(r"^(html:\n(?:  .*\n)*?  baseurl: ).*$", re.M)
 
 
 class Refused(ValueError):
@@ -54,31 +64,49 @@ def check_url(url: str) -> str:
     return url
 
 
+def pages_url(url: str) -> str:
+    """Where GitHub Pages publishes the repository at `url`: OWNER.github.io/NAME/, or the
+    domain's root for the repository named OWNER.github.io."""
+    m = URL.fullmatch(url)
+    host, name = f"{m['owner'].lower()}.github.io", m["name"]
+    return f"https://{host}/" if name.lower() == host else f"https://{host}/{name}/"
+
+
 def default_ref(root: Path) -> str:
     """`v<version>`, the version in pyproject.toml."""
-    m = VERSION.search((root / "pyproject.toml").read_text(encoding="utf-8"))
-    if not m:
-        raise Refused("pyproject.toml names no version")
-    return f"v{m[1]}"
+    try:
+        return f"v{version(root)}"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise Refused(f"pyproject.toml: {e}") from None
 
 
 def check_ref(ref: str) -> str:
-    if not REF.fullmatch(ref) or ".." in ref:
-        raise Refused(f"expected a git tag, branch or commit, got {ref!r}")
+    """`ref` if git accepts it as a tag, branch or commit name (`git check-ref-format`)."""
+    try:
+        ok = REF.fullmatch(ref) and subprocess.run(
+            ["git", "check-ref-format", "--allow-onelevel", ref],
+            capture_output=True).returncode == 0
+    except OSError:
+        raise Refused("git is needed to check the ref (git check-ref-format)") from None
+    if not ok:
+        raise Refused(f"expected a git tag, branch or commit that git accepts, in ASCII letters, "
+                      f"digits and '._/+-', got {ref!r}")
     return ref
 
 
-def notebooks(root: Path) -> list[Path]:
-    return sorted(p for d in ("chapters", "exercises") for p in (root / d).glob("*.ipynb"))
+def _real(path: Path) -> Path:
+    """The file a notebook's path names: a symbolic link's target, so that the link stays."""
+    return Path(os.path.realpath(path))
 
 
 def _writable(path: Path) -> None:
+    path = _real(path)
     if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)):
         raise Refused(f"{path}: not writable")
 
 
 def stamped_config(root: Path, url: str = "") -> tuple[str, str]:
-    """(_config.yml's text with `url` set, the URL it then names)."""
+    """(_config.yml's text with `url` and its Pages address set, the URL it then names)."""
     config = root / "_config.yml"
     try:
         text = config.read_text(encoding="utf-8")
@@ -86,11 +114,14 @@ def stamped_config(root: Path, url: str = "") -> tuple[str, str]:
             text, n = CONFIG_URL.subn(rf"\g<1>{url}", text, count=1)
             if n != 1:
                 raise Refused(f"{config}: no 'repository:' block with 'url:' first")
-        named = yaml.safe_load(text)["repository"]["url"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as e:
+        named = check_url(str(yaml.safe_load(text)["repository"]["url"]))
+        text = CONFIG_BASEURL.sub(rf"\g<1>{pages_url(named)}", text, count=1)
+        if (yaml.safe_load(text).get("html") or {}).get("baseurl") != pages_url(named):
+            raise Refused(f"{config}: no 'baseurl:' under 'html:' for the published address")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
         raise Refused(f"{config}: cannot read its repository url ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return text, check_url(str(named))
+    return text, named
 
 
 def stamped_notebook(path: Path, url: str, ref: str):
@@ -132,6 +163,7 @@ def write_all(writes: dict[Path, str]) -> None:
     staged = {}
     try:
         for path, text in writes.items():
+            path = _real(path)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             staged[path] = tmp
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
