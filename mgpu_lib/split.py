@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def check_speeds(speeds: Sequence[float]) -> list[float]:
@@ -106,3 +106,24 @@ def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
     top = min(total, max(3 * ideal, points - 1))
     grid = {round(top * k / (points - 1)) for k in range(points)} | {ideal}
     return sorted(grid)
+
+
+def break_even_slowdown(total: int, speed: float, sync_s: float) -> Optional[float]:
+    """How many times slower than a device of `speed` (images/s) a second device can be
+    before giving it a share of `total` stops paying, sync included: the k where
+    `best_split(total, [speed, speed / k], sync_s).speedup` falls to 1 (solved by bisection on
+    the whole-sample split, which only slows as k grows). None: even an equal device does not
+    pay for the sync."""
+    speed = check_speeds([speed])[0]
+    if speed <= 0:
+        raise ValueError("speed must be > 0")
+    pays = lambda k: best_split(total, [speed, speed / k], sync_s).speedup > 1.0
+    if not pays(1.0):
+        return None
+    lo, hi = 1.0, 2.0
+    while pays(hi):      # ends: once k > total, one image there outlasts the whole batch
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return (lo + hi) / 2

@@ -97,18 +97,45 @@ def test_held_out_covers_every_pytorch_line_that_names_its_gpu():
     assert all(h["predicted_s"] > 0 for h in evidence.held_out())
 
 
-def test_overlapping_bands_are_undecided_even_where_every_corner_agrees():
-    """Before: A was 'faster' where A < B at each corner of the fit, though B's band reached
-    below A's."""
+def test_compare_holds_two_predictions_of_one_fit_at_the_same_corners():
+    """Issue 36: compared as independent bands, A was undecided where A < B at every corner of
+    the fit (the two bands move together); now a side wins only where it wins at every corner,
+    and where the corners disagree the answer stays undecided."""
     f = evidence.Fit({"V100 SXM2": (0.5, 0.6, 0.7)}, {"V100 SXM2": (0.0, 0.01, 0.05)},
                      Overheads(), {})
-    a, b = (lambda o: o.thread_s * 10), (lambda o: o.thread_s * 10 + 0.01)
-    assert evidence.compare(a, b, V100, ("A", "B"), f) == evidence.UNDECIDED
-    assert evidence.compare(lambda o: o.thread_s, lambda o: 1.0, V100, ("A", "B"), f) == "A faster"
-    assert evidence.compare(lambda o: 1.0, lambda o: o.thread_s, V100, ("A", "B"), f) == "B faster"
+    a, b = (lambda o: 1 + o.thread_s * 10), (lambda o: 1 + o.thread_s * 10 + 0.01)
+    assert evidence.band(a, V100, f)[2] > evidence.band(b, V100, f)[0]     # bands overlap
+    assert evidence.compare(a, b, V100, ("A", "B"), f) == "A faster"
+    assert evidence.compare(b, a, V100, ("B", "A"), f) == "A faster"
+    crossing = lambda o: 1 + o.thread_s * 10            # 1.0 at thread_s 0, 1.5 at 0.05
+    assert evidence.compare(crossing, lambda o: 1.2, V100, ("A", "B"), f) == evidence.UNDECIDED
     assert evidence.compare(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f) == evidence.UNDECIDED
-    lo, mid, hi = evidence.band(lambda o: o.thread_s / o.efficiency, V100, f)
-    assert lo == 0.0 and mid == pytest.approx(0.01 / 0.6) and hi == pytest.approx(0.05 / 0.5)
+    lo, mid, hi = evidence.band(lambda o: 1 + o.thread_s / o.efficiency, V100, f)
+    assert lo == 1.0 and mid == pytest.approx(1 + 0.01 / 0.6) and hi == pytest.approx(1.1)
+
+
+def test_ddp_beats_dataparallel_on_two_v100s_at_batch_512():
+    """Issue 36: the marginal bands called this 'cannot be told'; DDP is faster at every
+    corner of the fit."""
+    two = lambda s: evidence.epoch_time(2, 512, V100, strategy=s)
+    f = evidence.published_fit()
+    assert all(two("ddp")(o) < two("dp")(o) for o in
+               (f.overheads(V100, c, t) for c, t in evidence.CORNERS))
+    assert evidence.compare(two("ddp"), two("dp"), V100, ("DDP", "DataParallel")) == "DDP faster"
+
+
+def test_two_rtx_4090s_are_called_slower_than_one():
+    two, one = evidence.epoch_time(2, 512, G4090), evidence.epoch_time(1, 256, G4090)
+    assert evidence.compare(two, one, G4090, ("two GPUs", "one GPU")) == "one GPU faster"
+
+
+def test_nonsense_predictions_are_refused():
+    """Issue 39: a negative or NaN epoch time gave 'A faster' or 'cannot be told'."""
+    for bad in (-1.0, float("nan"), 0.0, float("inf")):
+        with pytest.raises(ValueError, match="positive, finite time"):
+            evidence.compare(lambda o: bad, lambda o: 1.0, V100, ("A", "B"))
+    with pytest.raises(ValueError, match="two different names"):
+        evidence.compare(lambda o: 1.0, lambda o: 2.0, V100, ("X", "X"))
 
 
 def test_a_gpu_no_run_names_gets_every_fitted_range_and_says_it_is_wide():
@@ -120,6 +147,32 @@ def test_a_gpu_no_run_names_gets_every_fitted_range_and_says_it_is_wide():
     assert "no published run" in f.basis(K80) and "wide" in f.basis(K80)
     assert f.basis(V100) == "fitted to 5 published V100 SXM2 runs"
     assert f.thread_of(K80) == (0.0, pytest.approx(1e-3), 3e-3)
+
+
+def test_a_tf32_gpu_borrows_efficiency_only_from_tf32_fitted_runs():
+    """Issue 36: the V100's FP32-core efficiency (0.71 to 0.95) was pooled into the A100's
+    band, so its middle implied tensor cores far better used than the one TF32 GPU fitted."""
+    f = evidence.published_fit()
+    a100 = DEVICES["A100 SXM4 80GB"]
+    assert f.efficiency_of(a100) == f.efficiency["RTX 4090"]
+    assert "TF32 GPU, RTX 4090" in f.basis(a100) and "wide" in f.basis(a100)
+    mid = {s.name: evidence.band(evidence.epoch_time(1, 256, s), s)[1] for s in (a100, V100)}
+    assert mid["V100 SXM2"] / mid[a100.name] <= 4        # one A100 at most 4 V100s
+
+
+def test_a_constant_ratio_does_about_as_well_as_the_model_on_the_v100_builds():
+    """Issue 36: beside leave-one-build-out, the baseline 'the other builds' mean ratio times
+    this build's 1-GPU time': the V100 data identify one ratio, not the model's parts."""
+    model, ratio = evidence.conditioned_errors("V100 SXM2"), evidence.ratio_errors("V100 SXM2")
+    assert [r["run"] for r in ratio] == [r["run"] for r in model]
+    worst = {k: max(abs(r["error"]) for r in rows) for k, rows in
+             (("model", model), ("ratio", ratio))}
+    assert worst["ratio"] == pytest.approx(0.080, abs=0.005)
+    assert worst["model"] == pytest.approx(0.086, abs=0.005)
+    one = ratio[0]
+    others = [t.sec_per_epoch / o.sec_per_epoch for o, t in published.pairs()
+              if o.run != one["run"] and o.gpu and "V100" in o.gpu and o.framework == "pytorch"]
+    assert one["ratio"] == pytest.approx(sum(others) / len(others))
 
 
 def test_the_builds_file_holds_d2ls_builds_each_with_its_commit():

@@ -281,3 +281,35 @@ def test_ampere_and_newer_run_fp32_convolutions_in_tf32():
     assert epoch_s(a100, 1, 256) < epoch_s(v100, 1, 256)
     chapter = [Job("chapter", 1, 64, 256, 10, 60_000, 10_000)]
     assert gpu_band(chapter, a100)[1] < gpu_band(chapter, v100)[0]     # at every corner
+
+
+def test_a_datasheet_figure_of_zero_is_refused_where_it_enters():
+    """Issue 39: zero TFLOP/s or GB/s ended in a ZeroDivisionError far from its cause."""
+    v100 = DEVICES["V100 SXM2"]
+    for field in ("fp32_tflops", "mem_gbs", "tf32_tflops"):
+        for bad in (0.0, -1.0, float("nan"), float("inf"), True):
+            with pytest.raises(ValueError, match=field):
+                replace(v100, **{field: bad})
+    for bad in (0.0, -2.0, float("nan")):
+        with pytest.raises(ValueError, match="gbs"):
+            LinkSpec("x", bad, 0.0, "test")
+    with pytest.raises(ValueError, match="latency_s"):
+        LinkSpec("x", 16.0, -1e-6, "test")
+
+
+def test_the_break_even_slowdown_is_solved_not_read_off_a_grid():
+    """Issue 36: ex2 read "about 8" off a grid of slowdowns; the crossing, solved on the
+    whole-sample split, is about 9.3 for the chapter's batch beside one V100."""
+    from mgpu_lib.perf.evidence import workload
+    from mgpu_lib.split import best_split, break_even_slowdown
+    v100, w = DEVICES["V100 SXM2"], workload(64)
+    speed = 256 / step_seconds(v100, 256)
+    sync = 2 * w.bytes_per_param * w.params / (LINKS[v100.pcie].gbs * 1e9)
+    k = break_even_slowdown(256, speed, sync)
+    assert k == pytest.approx(9.3, abs=0.1)
+    assert best_split(256, [speed, speed / (k * 0.999)], sync).speedup > 1
+    assert best_split(256, [speed, speed / (k * 1.001)], sync).speedup <= 1
+    # the continuous split's closed form, alone / sync - 1, is close
+    assert k == pytest.approx(256 / speed / sync - 1, rel=0.05)
+    assert break_even_slowdown(256, speed, 1.0) is None          # sync outweighs everything
+    assert break_even_slowdown(256, speed, 0.0) == pytest.approx(256, rel=1e-6)

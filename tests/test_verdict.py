@@ -2,9 +2,11 @@
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from mgpu_lib.book.verdict import (APART, by_seed, compare, decide, false_call_rate, paired,
+from mgpu_lib.book.verdict import (APART, by_seed, compare, correlation, decide,
+                                   false_call_rate, holm, paired, pairing_pays, power,
                                    t_critical, unpaired)
 
 NAMES = ("A", "B")
@@ -47,6 +49,7 @@ def test_the_issue_warmup_differences_cannot_be_told_apart():
     assert v.words == APART and v.winner is None
     assert "no effect" not in str(v) and "no difference" not in str(v)
     assert f"could call is {v.detectable:.2f}" in str(v)
+    assert "called" in str(v) and "of the time" in str(v)
 
 
 def test_the_boundary_t_times_se_exactly_is_not_enough():
@@ -91,9 +94,84 @@ def test_unpaired_uses_welch_standard_error_and_degrees_of_freedom():
     assert unpaired([1.0, 2.0, 3.0, 2.0, 2.0], [0.0] * 4, NAMES).words == "A ahead"
 
 
-def test_compare_pairs_when_the_seeds_match_and_not_otherwise():
-    assert compare({0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.5}, NAMES).paired
+def test_compare_pairs_only_where_the_runs_of_a_seed_are_correlated():
+    """Issue 36: pairing by seed was said to leave "less noise than either run alone"; the
+    book's paired runs correlate at about 0, and then pairing only loses degrees of freedom."""
+    base = [0.60, 0.80, 0.70, 0.90, 0.65]
+    a = {s: v + 0.01 for s, v in enumerate(base)}
+    b = {s: v + 0.001 * (s % 2) for s, v in enumerate(base)}
+    v = compare(a, b, NAMES)
+    assert v.paired and v.r > 0.99 and v.words == "A ahead"
+    noise = [0.3, -0.5, 0.1, 0.6, -0.2, -0.4, 0.5, 0.0]
+    a = {s: 1.0 + x for s, x in enumerate(noise)}
+    other = [-0.2, -0.5, -0.4, 0.1, 0.3, 0.6, 0.0, 0.5]           # no shared term
+    b = {s: x for s, x in enumerate(other)}
+    u = compare(a, b, NAMES)
+    assert not u.paired and u.r == pytest.approx(correlation(a, b)) and abs(u.r) < 0.5
+    assert u.dof > len(noise) - 1 and f"r = {u.r:+.2f}" in str(u)
     assert not compare({0: 1.0, 1: 2.0}, {2: 0.0, 3: 0.5}, NAMES).paired
+    assert not pairing_pays(0.3, 20) and pairing_pays(0.6, 20) and not pairing_pays(0.9, 2)
+
+
+def test_a_true_gap_at_the_threshold_is_called_about_half_the_time():
+    assert power(2) == pytest.approx(0.615, abs=0.005)          # 3 seeds
+    assert power(4) == pytest.approx(0.557, abs=0.005)          # 5 seeds
+    assert 0.5 < power(100) < power(4) < power(2)
+    rng = np.random.default_rng(0)                              # a simulation agrees
+    d = rng.standard_normal((40_000, 3)) + t_critical(2) / np.sqrt(3)
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / np.sqrt(3))
+    assert np.mean(abs(t) > t_critical(2)) == pytest.approx(power(2), abs=0.01)
+    v = paired({0: 0.11, 1: 0.39, 2: -0.10}, {0: 0.0, 1: 0.0, 2: 0.0}, NAMES)
+    assert f"called {power(2):.0%} of the time" in str(v)
+
+
+def test_from_three_to_five_seeds_the_threshold_halves():
+    """Issue 36: "with the square root" was wrong; t falls from 4.30 to 2.78 as well."""
+    at = {n: t_critical(n - 1) / np.sqrt(n) for n in (3, 5)}     # in standard deviations
+    assert at[5] / at[3] == pytest.approx(0.5, abs=0.01)
+    assert np.sqrt(3 / 5) == pytest.approx(0.77, abs=0.01)       # what the root would give
+
+
+def test_holm_holds_a_family_of_verdicts_to_one_false_winner_in_twenty():
+    strong = paired({0: 0.80, 1: 0.82, 2: 0.81}, {0: 0.70, 1: 0.71, 2: 0.72}, NAMES)
+    weak = unpaired([2.1, 2.5, 1.9, 2.4, 2.0], [1.2, 1.9, 1.3, 2.0, 1.2], NAMES)
+    assert weak.winner == "A" and 0.05 / 3 < weak.p < 0.05
+    held = holm([weak, strong, weak, weak])     # weak passes 0.05 / 2, not 0.05 / 3
+    assert [v.winner for v in held] == [None, "A", None, None]
+    assert held[1].level == pytest.approx(1 - 0.05 / 4) and held[0].family == 4
+    assert "Holm over 4 verdicts" in str(held[0]) and held[0].words == APART
+    assert [v.winner for v in holm([weak, strong])] == ["A", "A"]
+    assert held[0].detectable > weak.detectable                  # a stricter cut, stated
+    assert [v.winner for v in holm([strong])] == ["A"]
+    rng = np.random.default_rng(1)                               # no real gaps: rarely any
+    false = sum(any(v.winner for v in holm([unpaired(rng.standard_normal(5),
+                                                     rng.standard_normal(5), NAMES)
+                                            for _ in range(5)])) for _ in range(600))
+    assert false / 600 < 0.08
+
+
+def test_nonsense_in_is_refused_not_judged():
+    """Issue 39: booleans, a NaN mean, a negative standard error, one name twice, and two
+    records of one seed each gave a verdict."""
+    with pytest.raises(ValueError, match="booleans"):
+        paired({0: True, 1: False}, {0: 0.5, 1: 0.4}, NAMES)
+    with pytest.raises(ValueError):
+        decide(float("nan"), 1.0, NAMES, n=5)
+    with pytest.raises(ValueError):
+        decide(1.0, -1.0, NAMES, n=5)
+    with pytest.raises(ValueError, match="two different names"):
+        paired({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5}, ("X", "X"))
+    with pytest.raises(ValueError, match="seed 1"):
+        by_seed([SimpleNamespace(seed=1, final_test_acc=0.8),
+                 SimpleNamespace(seed=1, final_test_acc=0.7)])
+
+
+def test_identical_seeds_claim_no_smallest_gap():
+    same = {0: 0.8, 1: 0.7, 2: 0.9}
+    v = paired(same, dict(same), NAMES)
+    assert v.words == APART and np.isnan(v.detectable)
+    assert "0.00 points" not in str(v) and "could call is" not in str(v)
+    assert "size no gap" in str(v)
 
 
 def test_lower_is_better_turns_the_faster_side_into_the_one_ahead():

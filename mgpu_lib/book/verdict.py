@@ -7,26 +7,30 @@ Is A ahead of B, B ahead of A, or can the seeds not tell?
     str(v)   # "cannot be told apart: batch 256 minus batch 512 = +4.00 ± 1.73 points (3 seeds,
              #  paired); the smallest gap these seeds could call is 7.45 points"
 
-The rule: take A minus B seed by seed where both sides hold the same seeds (paired),
-else the difference of the two means with Welch's standard error (unpaired). A side is ahead
-only when the mean difference is further from zero than Student's t at n - 1 degrees of
-freedom (Welch-Satterthwaite's when unpaired), two-sided 95%, times its standard error; so,
-with no real difference, the rule names a winner 1 time in 20 whatever the number of seeds
-(the old "2 standard errors" cut named one 1 time in 5 with 3 seeds and 1 in 3 with 2:
-`false_call_rate`). A winner's margin is printed positive; an undecided result names the
-smallest difference its seeds could have called (t times the standard error), never "no
-effect". One seed has no standard error, so it never decides anything. Every verdict on a page
-is this module's output, glued into the prose, never typed:
+The rule: take A minus B seed by seed (paired) only where the two sides' runs of the same
+seed are correlated, so that the shared seed removes noise (`compare` tests it: training is
+chaotic, and the book's own paired runs correlate at about 0); else the difference of the two
+means with Welch's standard error (unpaired). A side is ahead only when the mean difference is
+further from zero than Student's t at n - 1 degrees of freedom (Welch-Satterthwaite's when
+unpaired), two-sided 95%, times its standard error; so, with no real difference, the rule names
+a winner 1 time in 20 whatever the number of seeds (the old "2 standard errors" cut named one
+1 time in 5 with 3 seeds and 1 in 3 with 2: `false_call_rate`). A winner's margin is printed
+positive; an undecided result names the smallest observed difference its seeds would have
+called (t times the standard error) and how often a true gap that size is called (`power`,
+about half the time), never "no effect". One seed has no standard error, so it never decides
+anything. Several verdicts on the same seeds are held together by `holm`. Every verdict on a
+page is this module's output, glued into the prose, never typed:
 
     glue("warmup_verdict", v)   # then {glue:text}`warmup_verdict` in a markdown cell
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from scipy import stats
+from scipy import integrate, stats
 
 from .store import mean_std_se
 
@@ -51,6 +55,43 @@ def false_call_rate(n: int, cut: float) -> float:
     return float(2 * stats.t.sf(cut, n - 1))
 
 
+@functools.lru_cache(maxsize=256)
+def power(dof: float, level: float = LEVEL) -> float:
+    """How often the rule calls a true gap as large as its own threshold: a gap of t x the
+    true standard error, with `dof` degrees of freedom. About half: 0.68 at 1, 0.61 at 2
+    (3 seeds), 0.56 at 4, towards 0.50 with many. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
+    if not dof > 0:
+        return math.nan
+    t = t_critical(dof, level)
+
+    def called(v: float) -> float:
+        cut = t * math.sqrt(v / dof)
+        return (stats.norm.sf(cut - t) + stats.norm.cdf(-cut - t)) * stats.chi2.pdf(v, dof)
+    return float(integrate.quad(called, 0, math.inf)[0])
+
+
+def correlation(a: Mapping, b: Mapping) -> float:
+    """Pearson's r of the two sides' values over the seeds both hold (nan below 3 seeds, or
+    where a side does not vary)."""
+    seeds = sorted(set(a) & set(b))
+    x, y = _finite(a[s] for s in seeds), _finite(b[s] for s in seeds)
+    if len(seeds) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(stats.pearsonr(x, y).statistic)
+
+
+def pairing_pays(r: float, n: int) -> bool:
+    """Pair by seed only where the runs of a seed are correlated: r above zero at one-sided
+    95% (Pearson's test over the `n` shared seeds). Uncorrelated pairs only lose degrees of
+    freedom (n - 1 against Welch's up to 2n - 2)."""
+    if n < 3 or math.isnan(r) or r <= 0:
+        return False
+    if r >= 1:
+        return True
+    t = r * math.sqrt((n - 2) / (1 - r * r))
+    return float(stats.t.sf(t, n - 2)) < 1 - LEVEL
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A against B: the mean difference A - B (times `scale`), its standard error, the
@@ -64,13 +105,31 @@ class Verdict:
     words: str
     unit: str = ""
     dof: float = math.nan     # of the t distribution the rule used
+    level: float = LEVEL      # the confidence it was held to (stricter under `holm`)
+    family: int = 1           # verdicts on the same seeds held together (`holm`)
+    r: float = math.nan       # correlation of the two sides' runs over their shared seeds
 
     @property
     def detectable(self) -> float:
-        """The smallest |A - B| these seeds would have called: t x se (nan without one)."""
-        if self.n < 2 or math.isnan(self.se) or math.isnan(self.dof):
+        """The smallest observed |A - B| these seeds would have called: t x se (nan without
+        a spread between seeds to measure it by)."""
+        if self.n < 2 or not self.se > 0 or math.isnan(self.dof):
             return math.nan
-        return t_critical(self.dof) * self.se
+        return t_critical(self.dof, self.level) * self.se
+
+    @property
+    def power(self) -> float:
+        """How often a true gap of `detectable` would be called: about half (`power`)."""
+        return math.nan if math.isnan(self.detectable) else power(self.dof, self.level)
+
+    @property
+    def p(self) -> float:
+        """Two-sided p-value of the mean difference (nan where the rule has no t)."""
+        if self.n < 2 or math.isnan(self.dof) or math.isnan(self.se):
+            return math.nan
+        if self.se == 0:
+            return 0.0 if self.mean else 1.0
+        return float(2 * stats.t.sf(abs(self.mean) / self.se, self.dof))
 
     @property
     def winner(self) -> str | None:
@@ -85,6 +144,10 @@ class Verdict:
         unit = f" {self.unit}" if self.unit else ""
         seeds = (f"{self.n} seed{'s' if self.n != 1 else ''}, "
                  f"{'paired' if self.paired else 'unpaired'}")
+        if not self.paired and not math.isnan(self.r):    # shared seeds, not worth pairing
+            seeds += f", r = {self.r:+.2f}"
+        if self.family > 1:
+            seeds += f"; Holm over {self.family} verdicts"
         a, b, mean = *self.names, self.mean
         if self.winner is not None and mean < 0:    # the margin positive: B minus A
             a, b, mean = b, a, -mean
@@ -93,23 +156,40 @@ class Verdict:
             return f"{self.winner} ahead by {mean:.2f}{spread}{unit} ({a} minus {b}, {seeds})"
         text = f"{self.words}: {a} minus {b} = {mean:+.2f}{spread}{unit} ({seeds})"
         if not math.isnan(self.detectable):
-            text += f"; the smallest gap these seeds could call is {self.detectable:.2f}{unit}"
+            text += (f"; the smallest gap these seeds could call is {self.detectable:.2f}{unit},"
+                     f" and a true gap that size is called {self.power:.0%} of the time")
+        elif self.n >= 2 and self.se == 0:
+            text += "; every seed gave the same difference, so the seeds size no gap"
         return text
 
 
 def decide(mean: float, se: float, names: tuple[str, str], n: int,
-           lower_is_better: bool = False, dof: float | None = None) -> str:
+           lower_is_better: bool = False, dof: float | None = None,
+           level: float = LEVEL) -> str:
     """The rule itself: the words for a mean difference A - B, its standard error,
     and the t distribution's degrees of freedom (default n - 1, the paired case)."""
-    if n < 2 or math.isnan(se):
+    if n < 2:
         return f"one seed: {APART}" if n == 1 else f"no seeds: {APART}"
-    if abs(mean) <= t_critical(n - 1 if dof is None else dof) * se:
+    _check(mean, se, names)
+    if abs(mean) <= t_critical(n - 1 if dof is None else dof, level) * se:
         return APART
     a_larger = mean > 0
     return f"{names[0] if a_larger != lower_is_better else names[1]} ahead"
 
 
+def _check(mean: float, se: float, names: Sequence[str]) -> None:
+    """A rule's input that means nothing is a ValueError, never a verdict."""
+    if not math.isfinite(mean) or not se >= 0 or math.isinf(se):
+        raise ValueError(f"a verdict needs a finite mean and a standard error >= 0, "
+                         f"got mean {mean!r}, se {se!r}")
+    if len(names) != 2 or names[0] == names[1]:
+        raise ValueError(f"a verdict needs two different names, got {tuple(names)!r}")
+
+
 def _finite(values: Iterable[float]) -> list[float]:
+    values = list(values)
+    if any(type(v).__name__ in ("bool", "bool_") for v in values):
+        raise ValueError(f"a verdict needs numbers, not booleans, got {values}")
     values = [float(v) for v in values]
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"a verdict needs finite values, got {values}")
@@ -131,20 +211,25 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
 
     `scale` multiplies the differences (100 turns accuracies into points); set
     `lower_is_better` for times, so that the faster side is the one ahead."""
+    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
-    diffs = _finite(scale * (a[s] - b[s]) for s in sorted(set(a) & set(b)))
+    seeds = sorted(set(a) & set(b))
+    x, y = _finite(a[s] for s in seeds), _finite(b[s] for s in seeds)
+    diffs = [scale * (p - q) for p, q in zip(x, y)]
     mean, _, se = mean_std_se(diffs)
     words = decide(mean, se, names, len(diffs), lower_is_better)
-    return Verdict(tuple(names), mean, se, len(diffs), True, words, unit, len(diffs) - 1)
+    return Verdict(tuple(names), mean, se, len(diffs), True, words, unit, len(diffs) - 1,
+                   r=correlation(a, b))
 
 
 def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"),
              *, scale: float = 1.0, unit: str = "",
-             lower_is_better: bool = False) -> Verdict:
-    """A against B when the runs share no seeds: the difference of the means, with Welch's
-    standard error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is
-    the smaller side's number of seeds."""
+             lower_is_better: bool = False, r: float = math.nan) -> Verdict:
+    """A against B as independent runs: the difference of the means, with Welch's standard
+    error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is the
+    smaller side's number of seeds; `r`, where the sides share seeds, their correlation."""
+    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
@@ -159,20 +244,51 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     else:
         dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     words = decide(mean, se, names, n, lower_is_better, dof)
-    return Verdict(tuple(names), mean, se, n, False, words, unit, dof)
+    return Verdict(tuple(names), mean, se, n, False, words, unit, dof, r=r)
 
 
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
             **kwargs) -> Verdict:
-    """Paired when the two sides hold the same seeds, unpaired otherwise."""
-    if set(a) == set(b):
+    """The book's verdict on two settings over seeds ({seed: value} each): paired by seed
+    where the runs of a seed are correlated (`pairing_pays`), Welch's unpaired test otherwise,
+    with the measured correlation kept on the verdict (`Verdict.r`)."""
+    r = correlation(a, b)
+    if pairing_pays(r, len(set(a) & set(b))):
         return paired(a, b, names, **kwargs)
-    return unpaired(list(a.values()), list(b.values()), names, **kwargs)
+    return unpaired(list(a.values()), list(b.values()), names, r=r, **kwargs)
+
+
+def holm(verdicts: Sequence[Verdict], level: float = LEVEL) -> list[Verdict]:
+    """Several verdicts on the same seeds, held together: Holm's step-down keeps the chance
+    of any false winner among them at 1 - `level`. The smallest p-value must pass
+    (1 - level) / m, the next (1 - level) / (m - 1), and so on; the first that fails leaves it
+    and every larger one undecided. Each verdict comes back (in the order given) with the
+    level it was held to, so that its threshold and its power say what it could call."""
+    m, alpha = len(verdicts), 1 - level
+    order = sorted(range(m), key=lambda i: (math.isnan(verdicts[i].p), verdicts[i].p))
+    out: list = [None] * m
+    going = True
+    for k, i in enumerate(order):
+        v = verdicts[i]
+        step = 1 - alpha / (m - k)
+        going = going and v.winner is not None and v.p <= alpha / (m - k)
+        out[i] = replace(v, level=step, family=m,
+                         words=v.words if going or v.winner is None else APART)
+    return out
 
 
 def by_seed(records: Iterable, value: Callable = lambda r: r.final_test_acc) -> dict:
-    """{seed: value(record)} for the finished records of one configuration."""
-    return {r.seed: value(r) for r in records if getattr(r, "status", "ok") == "ok"}
+    """{seed: value(record)} for the finished records of one configuration; two finished
+    records of one seed are a ValueError (which one would count?)."""
+    out: dict = {}
+    for r in records:
+        if getattr(r, "status", "ok") != "ok":
+            continue
+        if r.seed in out:
+            raise ValueError(f"two finished records for seed {r.seed}: a store holds one run "
+                             "per seed and setting")
+        out[r.seed] = value(r)
+    return out
 
 
 def glue(name: str, value) -> None:

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 from ..model import resnet18_flops, resnet18_params
 from .published import PublishedRun, pairs, runs
-from .scaling import (RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
+from .scaling import (DEVICES, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
                       loader_rate, pair_link, predict_epoch_time, spec_for_name)
 
 NUM_IMAGES = 60_000            # Fashion-MNIST's training set: the published runs' epoch
@@ -136,14 +136,32 @@ def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
     return _implied(one, base, "efficiency", 0.01, 3.0)
 
 
-def _own_or_lent(bands: dict, spec: Optional[DeviceSpec], default: float) -> tuple:
+def _tf32(name: str) -> bool:
+    """Whether the GPU of a datasheet name runs the chapter's convolutions in TF32."""
+    spec = DEVICES.get(name)
+    return bool(spec and spec.tf32_tflops)
+
+
+def _lenders(bands: dict, spec: Optional[DeviceSpec], by_peak: bool) -> dict:
+    """The fitted GPUs a GPU no run names borrows from: with `by_peak`, a TF32 GPU only from
+    TF32-fitted ones (an FP32 core's efficiency says nothing of a tensor core's), where any
+    is fitted; otherwise, and for a GPU without TF32, every fitted GPU (the widest band)."""
+    if by_peak and spec is not None and spec.tf32_tflops:
+        same = {k: v for k, v in bands.items() if _tf32(k)}
+        return same or bands
+    return bands
+
+
+def _own_or_lent(bands: dict, spec: Optional[DeviceSpec], default: float,
+                 by_peak: bool = False) -> tuple:
     """`spec`'s own band; for a GPU no run names, from the lowest low to the highest high of
-    every fitted GPU, its middle the mean of their middles (`default` where none is fitted)."""
+    its lenders (`_lenders`), its middle the mean of their middles (`default`: none fitted)."""
     if spec and spec.name in bands:
         return bands[spec.name]
-    if not bands:
+    lenders = _lenders(bands, spec, by_peak)
+    if not lenders:
         return (default,) * 3
-    lows, mids, highs = zip(*bands.values())
+    lows, mids, highs = zip(*lenders.values())
     return (min(lows), statistics.mean(mids), max(highs))
 
 
@@ -157,8 +175,9 @@ class Fit:
     counts: dict = field(default_factory=dict)   # datasheet name -> runs fitted
 
     def efficiency_of(self, spec: Optional[DeviceSpec]) -> tuple:
-        """Its own fit, else every fitted GPU's range, each against its own peak (`basis`)."""
-        return _own_or_lent(self.efficiency, spec, self.base.efficiency)
+        """Its own fit, else its lenders' range (a TF32 GPU: the TF32-fitted GPUs'), each
+        against its own peak (`basis`)."""
+        return _own_or_lent(self.efficiency, spec, self.base.efficiency, by_peak=True)
 
     def thread_of(self, spec: Optional[DeviceSpec]) -> tuple:
         """DataParallel's Python per device: its own fit, else every fitted GPU's range."""
@@ -173,7 +192,13 @@ class Fit:
         if not self.lent(spec):
             return f"fitted to {self.counts.get(spec.name, 0)} published {spec.name} runs"
         what = spec.name if spec else "this GPU"
-        return (f"no published run on {what}: the range over every fitted GPU "
+        lenders = _lenders(self.efficiency, spec, by_peak=True)
+        if lenders is self.efficiency:
+            whose = "every fitted GPU"
+        else:
+            whose = (f"the fitted TF32 GPU{'s' if len(lenders) > 1 else ''}, "
+                     + ", ".join(lenders))
+        return (f"no published run on {what}: lent the range of {whose} "
                 f"({lo:.2f} to {hi:.2f} of peak), so the band is wide")
 
     def overheads(self, spec: Optional[DeviceSpec], corner: int = 1, thread: int = 1) -> Overheads:
@@ -250,6 +275,23 @@ def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[Published
     return out
 
 
+def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
+                 ) -> list[dict]:
+    """The model-free baseline beside `conditioned_errors`: each build's 2-GPU line predicted
+    as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line. Where
+    this does as well as the model, the data identify one ratio, not the model's parts."""
+    known = [p for p in pairs(_known(rows)) if spec_for_name(p[0].gpu).name == gpu]
+    out = []
+    for one, two in known:
+        ratio = statistics.mean(t.sec_per_epoch / o.sec_per_epoch
+                                for o, t in known if o.run != one.run)
+        pred = ratio * one.sec_per_epoch
+        out.append(dict(run=one.run, ratio=ratio, predicted_s=pred,
+                        published_s=two.sec_per_epoch,
+                        error=(pred - two.sec_per_epoch) / two.sec_per_epoch))
+    return out
+
+
 def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     """Leave one source out: every line of a repository predicted by a fit of the other
     repositories alone; a 1-GPU line at the fit's middle (a GPU the others never ran is lent
@@ -284,24 +326,41 @@ def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     return out
 
 
+CORNERS = ((0, 0), (0, 2), (2, 0), (2, 2), (1, 1))   # (efficiency, thread_s): low/mean/high
+
+
+def _seconds(predict: Callable[[Overheads], float], o: Overheads) -> float:
+    """A prediction at `o`, refused unless it is a positive, finite number of seconds."""
+    t = predict(o)
+    if isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+        raise ValueError(f"a prediction must be a positive, finite time, got {t!r}")
+    return float(t)
+
+
 def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fit] = None
          ) -> tuple:
     """(low, mean, high) of a prediction over the fitted overheads' corners: the GPU's
     efficiency range crossed with its DataParallel thread_s range."""
     f = f or published_fit()
-    values = [predict(f.overheads(spec, c, t)) for c in (0, 2) for t in (0, 2)]
-    return (min(values), predict(f.overheads(spec)), max(values))
+    values = [_seconds(predict, f.overheads(spec, c, t)) for c, t in CORNERS[:4]]
+    return (min(values), _seconds(predict, f.overheads(spec)), max(values))
 
 
 def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
             spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
-    """Which of two predictions (seconds) is smaller: "A faster" only where A's whole band lies
-    below B's, "B faster" the other way round, and where the two bands overlap, `UNDECIDED`."""
-    lo_a, _, hi_a = band(a, spec, f)
-    lo_b, _, hi_b = band(b, spec, f)
-    if hi_a < lo_b:
+    """Which of two predictions (seconds) of the same fit is smaller, paired: both are
+    evaluated at the same corners of the fit (and its middle), and "A faster" only where A is
+    smaller at every one, "B faster" the other way round; where the corners disagree,
+    `UNDECIDED`. (Two bands of one fit move together: held side by side as if independent,
+    they overlap where one setup wins at every corner.)"""
+    if len(names) != 2 or names[0] == names[1]:
+        raise ValueError(f"compare needs two different names, got {tuple(names)!r}")
+    f = f or published_fit()
+    diffs = [_seconds(a, o) - _seconds(b, o)
+             for o in (f.overheads(spec, c, t) for c, t in CORNERS)]
+    if all(d < 0 for d in diffs):
         return f"{names[0]} faster"
-    return f"{names[1]} faster" if hi_b < lo_a else UNDECIDED
+    return f"{names[1]} faster" if all(d > 0 for d in diffs) else UNDECIDED
 
 
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,

@@ -7,6 +7,7 @@ what the datasheets cannot give (the efficiency vs counted FLOPs, DataParallel's
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +28,10 @@ class DeviceSpec:
     link: str = "PCIe gen3 x16"      # between two of them where nothing else is known
     pcie: str = "PCIe gen3 x16"      # the PCIe generation the card speaks
 
+    def __post_init__(self):
+        _positive(self.name, fp32_tflops=self.fp32_tflops, mem_gbs=self.mem_gbs,
+                  tensor_tflops=self.tensor_tflops, tf32_tflops=self.tf32_tflops)
+
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -35,6 +40,23 @@ class LinkSpec:
     gbs: float          # GB/s per direction
     latency_s: float    # per message (one ring hop)
     source: str
+
+    def __post_init__(self):
+        _positive(self.name, gbs=self.gbs)
+        if isinstance(self.latency_s, bool) or not (0 <= self.latency_s < math.inf):
+            raise ValueError(f"{self.name}: latency_s must be a finite number >= 0, "
+                             f"got {self.latency_s!r}")
+
+
+def _positive(name: str, **figures) -> None:
+    """A datasheet figure (TFLOP/s, GB/s) that is zero, negative or not finite would divide
+    by zero or predict nonsense later: refuse it where it enters. None: not on the sheet."""
+    for key, value in figures.items():
+        if value is None and key in ("tensor_tflops", "tf32_tflops"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not (0 < value < math.inf):
+            raise ValueError(f"{name}: {key} must be a positive, finite number, got {value!r}")
 
 
 NO_P2P = "PCIe, no P2P (staged through host)"
