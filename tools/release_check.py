@@ -64,7 +64,7 @@ def check(tag: str, root: Path) -> str:
         problems.append("no notebooks under chapters/ or exercises/")
     if problems:
         raise Mismatch(f"tag {tag} refused: " + "; ".join(problems) +
-                       " (tag the version, or run tools/set_repository.py and commit)")
+                       "; tag the version, or stamp the tag (tools/set_repository.py --ref)")
     return f"tag {tag}: pyproject.toml's version and the REPO_REF of all {len(pages)} notebooks"
 
 
