@@ -179,7 +179,7 @@ assert [r["a"] for r in results.read({str(tmp_path / 's.jsonl')!r})] == [1, 2]
 @posix
 def test_a_symlinked_output_writes_its_target(tmp_path):
     target, link = tmp_path / "target.json", tmp_path / "link.json"
-    target.write_text(json.dumps({"old": 1}, indent=1), encoding="utf-8")
+    target.write_text(json.dumps(make_result().to_dict(), indent=1), encoding="utf-8")
     link.symlink_to(target)
     write_json_atomic(link, {"a": 1})
     assert link.is_symlink() and json.loads(target.read_text(encoding="utf-8")) == {"a": 1}
@@ -241,7 +241,7 @@ def _kept(message: str) -> Path:
 
 
 def test_a_full_disk_keeps_the_json_and_the_old_file(tmp_path, monkeypatch):
-    out, old = tmp_path / "r.json", json.dumps({"old": 1}, indent=1)
+    out, old = tmp_path / "r.json", json.dumps(make_result().to_dict(), indent=1)
     out.write_text(old, encoding="utf-8")
     _full_disk(monkeypatch, tmp_path.parent / f"{tmp_path.name}-kept", after=3)
     with pytest.raises(ResultsError, match="No space left on device; the result was kept") as e:
@@ -439,3 +439,41 @@ def test_a_trailing_slash_names_a_folder_never_a_file(tmp_path, monkeypatch, nam
             call()
         one_line(e)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("nb.ipynb", json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5},
+                            indent=1), "it is a Jupyter notebook"),
+    ("package.json", json.dumps({"name": "x", "version": "1.0.0"}, indent=2),
+     "it is a JSON document (4 lines), not a run's result"),
+    ("user.json", '{"name": "x"}', "it is a JSON document (1 line), not a run's result"),
+    ("log.jsonl", '{"a": 1}\n{"a": 2}\n', "it is JSON Lines, not a run's result"),
+])
+def test_an_output_replaces_only_an_earlier_result(tmp_path, name, text, says):
+    """Before (issue 39): `train --out nb.ipynb` replaced a notebook (any multi-line JSON) with the
+    result; a one-line user JSON was refused as 'a results store (1 record)'."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ResultsError, match=re.escape(f"will not replace {path}: {says};")) as e:
+        write_json_atomic(path, make_result().to_dict())
+    one_line(e)
+    assert path.read_text(encoding="utf-8") == text
+
+
+def test_a_one_record_store_is_still_a_store(tmp_path):
+    store = tmp_path / "s.jsonl"
+    results.append(store, make_result().to_dict())
+    with pytest.raises(ResultsError, match=re.escape("it is a results store (1 record)")):
+        write_json_atomic(store, make_result().to_dict())
+
+
+def test_a_boolean_schema_is_no_schema():
+    """Before (issue 39): `"schema": true` read as schema 1 (True == 1 in Python)."""
+    with pytest.raises(ResultsError, match="schema True"):
+        results.as_run({**make_result().to_dict(), "schema": True}, "r.json")
+
+
+def test_a_negative_zero_accuracy_reads_as_zero():
+    """Before (issue 39): a record's `test_acc [-0.0]` printed as '-0.000'."""
+    run = results.as_run(make_result(1, acc=-0.0).to_dict(), "r.json")
+    assert math.copysign(1, run.test_acc[-0]) == 1 and "-0.0" not in run.summary()

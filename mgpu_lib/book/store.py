@@ -124,23 +124,46 @@ def _keep(text: str, path: Path, error: OSError) -> ResultsError:
 
 
 def _check_replaceable(path: Path, shown: str) -> None:
-    """Refuse to replace a file other than one JSON document (an earlier result): a store, notes."""
+    """Refuse to replace anything but an earlier run's result (one JSON document as `Output`
+    writes it, a `run_problem`-free run) or an empty file: a store, a notebook, notes."""
     what = "it is not a JSON document (a checkpoint? notes?)"
     if path.stat().st_size <= MAX_RESULT_BYTES:
         data = path.read_bytes()
+        if not data.strip():
+            return                                  # empty, or blank lines only
+        what = _what_json(data, path) or what
+        if what == "a run's result":
+            return
+    raise ResultsError(f"will not replace {shown}: {what}; an output holds one run's result, "
+                       f"so name another file or remove this one")
+
+
+def _what_json(data: bytes, path: Path) -> Optional[str]:
+    """What JSON `data` is, in words ("a run's result": replaceable), or None: not JSON."""
+    try:
+        doc = json.loads(data)
+    except ValueError:                              # JSON Lines, or not JSON at all
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 records = _parse(data, path)[0]
-            if not records:
-                return                              # empty, or blank lines only
-            what = f"it is a results store ({plural(len(records), 'record')})"
-        except ResultsError:                        # no store: one JSON document?
-            with contextlib.suppress(ValueError):
-                json.loads(data)
-                return
-    raise ResultsError(f"will not replace {shown}: {what}; an output holds one run's result, "
-                       f"so name another file or remove this one")
+        except ResultsError:
+            return None
+        return (f"it is a results store ({plural(len(records), 'record')})"
+                if all(map(_is_record, records)) else "it is JSON Lines, not a run's result")
+    lines = len(data.strip().splitlines())
+    if isinstance(doc, dict) and _is_record(doc) and lines == 1:    # a store's line, appended
+        return "it is a results store (1 record)"
+    if isinstance(doc, dict) and run_problem(_flat(doc)) is None:
+        return "a run's result"
+    if isinstance(doc, dict) and "nbformat" in doc:
+        return "it is a Jupyter notebook"
+    return f"it is a JSON document ({plural(lines, 'line')}), not a run's result"
+
+
+def _is_record(d: dict) -> bool:
+    """Whether a JSON object is a store's record: a header's schema, a kind, or a whole run."""
+    return "schema" in d or "kind" in d or run_problem(_flat(d)) is None
 
 
 def plural(n: int, word: str) -> str:
@@ -150,8 +173,8 @@ def plural(n: int, word: str) -> str:
 
 class Output(contextlib.AbstractContextManager):
     """A run's output file (`--out`), checked before the run and written after it: a regular
-    file is replaced atomically (readers see the old or the new one), only if it is empty or one
-    JSON document; a FIFO or a character device is opened now and written into, never replaced.
+    file is replaced atomically (readers see the old or the new one), only if it is empty or an
+    earlier run's result (a notebook, a store, any other JSON is refused); a FIFO or a character device is opened now and written into, never replaced.
     If writing fails (a full disk), the JSON is kept beside and ResultsError says where."""
 
     def __init__(self, path):
@@ -210,7 +233,7 @@ def run_problem(d) -> Optional[str]:
     if not isinstance(d, dict):
         return "not a JSON object"
     schema, config, status = d.get("schema", LEGACY_SCHEMA), d.get("config"), d.get("status", "ok")
-    if schema not in (LEGACY_SCHEMA, SCHEMA):
+    if not _is_int(schema) or schema not in (LEGACY_SCHEMA, SCHEMA):    # true == 1 in Python
         return (f"schema {schema!r}, and this mgpu_lib reads schemas {LEGACY_SCHEMA} and "
                 f"{SCHEMA}: a newer mgpu_lib wrote it?")
     if not isinstance(config, dict) or not all(_is_int(config.get(k)) and config[k] >= 0
@@ -225,13 +248,20 @@ def run_problem(d) -> Optional[str]:
     return None
 
 
-def as_run(d, where: str) -> TrainResult:
-    """A record (a store's line, a result file) as a `TrainResult`, after `run_problem`, also the
-    nested form of older stores (metrics under "metrics", schemas 1 and 2); else ResultsError."""
+def _flat(d):
+    """The nested form of older stores (metrics under "metrics", schemas 1 and 2) made flat."""
     if isinstance(d, dict) and isinstance(d.get("metrics"), dict):
         d = {**{k: v for k, v in d.items() if k != "metrics"}, **d["metrics"]}
+    return d
+
+
+def as_run(d, where: str) -> TrainResult:
+    """A record (a store's line, a result file) as a `TrainResult`, after `run_problem`, also the
+    nested form of older stores; else ResultsError. A metric of -0.0 reads as 0.0."""
+    d = _flat(d)
     problem = run_problem(d)
-    if problem is None:
+    if problem is None:               # -0.0 + 0.0 is 0.0: a zero never prints as "-0.000"
+        d = {**d, **{m: [v + 0.0 if isinstance(v, float) else v for v in d[m]] for m in METRICS}}
         try:
             return TrainResult.from_dict(d, where)
         except ValueError as e:
