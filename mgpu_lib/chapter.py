@@ -164,10 +164,12 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
 
 
 def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
-          num_epochs: int = 10) -> dict:
+          num_epochs: int = 10, check_bn=None) -> dict:
     """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the
     step factored out), the data and the devices passed in. Returns the test accuracy and
-    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize)."""
+    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize).
+    `check_bn(net) -> dict`, if given, adds its readings to each epoch's (the book's: the
+    same weights with BatchNorm's statistics recomputed, `training.bn_accuracies`)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)
@@ -180,6 +182,8 @@ def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
             step(X, y)
         out["epoch_seconds"].append(time.perf_counter() - t0)
         out["test_acc"].append(evaluate_accuracy_gpu(net, test_iter))
+        for key, value in (check_bn(net) if check_bn else {}).items():
+            out.setdefault(key, []).append(value)
     return out
 
 

@@ -14,6 +14,7 @@ worker processes, fp32, NCHW. Neither reads a value back to the host during an e
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import os
@@ -53,6 +54,8 @@ LEGACY_SCHEMA = 1
 HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
 # The per-epoch lists of a run, in the order they are filled.
 METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
+# The same weights with BatchNorm's statistics checked (`bn_accuracies`), per epoch where recorded.
+BN_METRICS = ("test_acc_batch", "test_acc_recal", "train_acc_recal")
 STATUSES = ("ok", "diverged", "failed")
 
 
@@ -155,6 +158,9 @@ class TrainResult:
     train_acc: list = field(default_factory=list)
     epoch_seconds: list = field(default_factory=list)
     images_per_second: list = field(default_factory=list)
+    test_acc_batch: list = field(default_factory=list)    # BN_METRICS, see bn_accuracies
+    test_acc_recal: list = field(default_factory=list)
+    train_acc_recal: list = field(default_factory=list)
     status: str = "ok"
     extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
     options: dict = field(default_factory=dict)  # a sweep point's: warmup_epochs, nprocs
@@ -257,6 +263,50 @@ def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches]
             correct += (net(x).argmax(dim=1) == y).sum()
             total += y.numel()
     return correct.item() / max(total, 1)
+
+
+def fixed_sample(train_iter, n: int = 2000) -> list:
+    """Up to `n` training images spread evenly over the set, as `(x, y)` batches of the
+    loader's size on its device. Built from the loader's tensors, so the training order (its
+    generator) is untouched; the same images every epoch."""
+    data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
+    images, labels = data.images, data.labels
+    idx = torch.arange(0, len(labels), max(1, len(labels) // n))[:n]
+    x = images[idx].unsqueeze(1).float().div(255)
+    y = labels[idx].to(torch.int64)
+    b = train_iter.batch_size
+    return [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
+
+
+def _correct(net: nn.Module, batches, device) -> float:
+    """Accuracy over `batches` in whatever mode `net` is in (no gradients)."""
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            correct += int((net(x).argmax(dim=1) == y).sum())
+            total += y.numel()
+    return correct / max(total, 1)
+
+
+def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
+    """BatchNorm's running statistics, checked. Eval mode normalizes with running averages
+    that lag the weights when steps are few and large, so a low eval-mode test accuracy may be
+    stale statistics, not a worse network. On a copy (the model is untouched):
+
+    - `test_acc_batch`: test accuracy normalizing each test batch by its own statistics;
+    - `test_acc_recal`: eval-mode test accuracy after the running statistics are recomputed
+      over `sample` (`torch.optim.swa_utils.update_bn`: a plain average over its batches);
+    - `train_acc_recal`: accuracy on `sample` itself with those statistics.
+    """
+    net = copy.deepcopy(getattr(model, "module", model))
+    device = next(net.parameters()).device
+    net.train()
+    batch = _correct(net, test_iter, device)
+    torch.optim.swa_utils.update_bn(sample, net, device=device)
+    net.eval()
+    return {"test_acc_batch": batch, "test_acc_recal": _correct(net, test_iter, device),
+            "train_acc_recal": _correct(net, sample, device)}
 
 
 def make_model(config: TrainConfig, device) -> nn.Module:
@@ -411,11 +461,18 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
                                 steps_per_epoch=len(train_iter),
                                 extra={"switches": switches.to_dict(), **(extra or {})})
     bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
+    sample = fixed_sample(train_iter)
+
+    def after_epoch(r: TrainResult) -> None:
+        for key, value in bn_accuracies(model, test_iter, sample).items():
+            getattr(r, key).append(value)
+        if on_epoch is not None:
+            on_epoch(r)
     try:
         with cudnn_benchmark(switches.cudnn_benchmark):
             fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0],
                           switches), train_iter, result, model=model, bar=bar,
-                num_epochs=config.num_epochs, devices=devices, on_epoch=on_epoch,
+                num_epochs=config.num_epochs, devices=devices, on_epoch=after_epoch,
                 evaluate=lambda: evaluate_accuracy(model, test_iter, switches=switches))
     finally:
         if bar is not None:

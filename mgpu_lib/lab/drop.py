@@ -18,6 +18,10 @@ per seed, all with the chapter's own code (`chapter.train`), tell the candidate 
   PyTorch's default init) at 2B and 2 lr: against `fresh`, the scale of the initial weights at
   the doubled learning rate.
 
+Every epoch also records the same weights with BatchNorm's statistics checked
+(`training.bn_accuracies`): test accuracy with batch statistics, and test and training accuracy
+after the running statistics are recomputed over a fixed sample of the training set.
+
 `reused` against `fresh` is the carried-over state; `fresh` against `fresh_small` is doubling
 the batch and the learning rate (half as many steps); `first` against `fresh_small` is the lazy
 layers' partial init. On a CPU, DataParallel is a pass-through: BatchNorm sees the whole batch
@@ -33,7 +37,7 @@ from torch import nn
 from ..chapter import lazy_resnet18, train
 from ..data import load_fashion_mnist
 from ..devices import describe_devices
-from ..training import record_header
+from ..training import bn_accuracies, fixed_sample, record_header
 
 CONDITIONS = ("first", "reused", "fresh", "fresh_small")
 EXTRA = ("first_large",)
@@ -68,16 +72,20 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
     setting = dict(width=width, num_epochs=num_epochs, train_limit=train_limit,
                    test_limit=test_limit, seed=seed)
 
+    sample = fixed_sample(data[batch_size][0])       # the same images for every run
+
     def one(condition: str, net: nn.Module, scale: int) -> dict:
         train_iter, test_iter = data[scale * batch_size]
         used = devices[:1] if scale == 1 else devices
-        out = train(net, used, train_iter, test_iter, scale * lr, num_epochs)
+        out = train(net, used, train_iter, test_iter, scale * lr, num_epochs,
+                    check_bn=lambda model: bn_accuracies(model, test_iter, sample))
         config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
         rec = {**record_header(hardware=describe_devices(used), profile=None, config=config),
                "kind": KIND, "condition": condition, "data_source": train_iter.source, **out}
         if log is not None:
             log(f"seed {seed}, {condition}: test acc " +
-                " ".join(f"{a:.3f}" for a in out["test_acc"]))
+                " ".join(f"{a:.3f}" for a in out["test_acc"]) + "; recomputed BN " +
+                " ".join(f"{a:.3f}" for a in out["test_acc_recal"]))
         return rec
 
     records = []
