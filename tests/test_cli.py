@@ -484,3 +484,159 @@ def test_set_repository_stamps_all_or_nothing(book, capsys, monkeypatch, fault):
     assert files(book) == before
     assert tool.main(["https://github.com/you/fork"], root=book) == (2 if fault != "bad url"
                                                                      else 0)
+
+
+# ---- issue 39: outputs, streams, bounds, signals ----------------------------------------------
+
+TINY = [*TRAIN, "--width", "4", "--train-limit", "64", "--test-limit", "32"]
+
+
+def _cli(tmp_path, *argv, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mgpu_lib", *map(str, argv)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+
+
+def test_train_out_never_replaces_a_notebook(tmp_path, capsys, monkeypatch):
+    """Before (issue 39): `train --out nb.ipynb` replaced a chapter notebook with the result."""
+    nb = tmp_path / "01_network.ipynb"
+    nb.write_bytes((REPO / "chapters" / "01_network.ipynb").read_bytes())
+    before = nb.read_bytes()
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, "--out", nb)
+    assert code == 2 and "it is a Jupyter notebook" in one_line(err) and nb.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_train_with_stderr_closed_still_writes_its_result(tmp_path):
+    """Before (issue 39): `train --out r.json 2>&-` exited 1 with no result (tqdm wrote to a
+    None stderr)."""
+    out = tmp_path / "r.json"
+    proc = _cli(tmp_path, *TINY, "--out", out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=lambda: os.close(2))
+    assert proc.wait(120) == 0 and results.load_result(out).status == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_train_onto_a_full_stdout_keeps_the_result_and_says_one_line(tmp_path):
+    """Before (issue 39): `train --out r.json > /dev/full` kept the result, then a traceback."""
+    out = tmp_path / "r.json"
+    with open("/dev/full", "w") as full:
+        proc = _cli(tmp_path, *TINY, "--out", out, stdout=full, stderr=subprocess.PIPE)
+        err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 2 and results.load_result(out).status == "ok"
+    assert "cannot write standard output: No space left on device" in one_line(err.splitlines()[-1])
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_sigterm_to_a_plain_run_says_terminated(tmp_path, command):
+    """Before (issue 39): plain `train` and `sweep` died on SIGTERM without a word."""
+    argv = [*TRAIN, "--out", tmp_path / "r.json"] if command == "train" else \
+        ["sweep", *TRAIN[1:], "--vary", "lr=0.1", "--seeds", "0", "--store", tmp_path / "s.jsonl"]
+    code = ("import os, signal, sys, time\nfrom mgpu_lib.book import cli, sweep\n"
+            "def work(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+            "cli.train = sweep.default_train = work\n"
+            f"sys.exit(cli.main({[str(a) for a in argv]!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 143, proc.stderr
+    assert "terminated (SIGTERM); stopped" in one_line(proc.stderr.splitlines()[-1])
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--strategy", "ddp", "--timeout", "1e308"], "at most 604,800 (a week)"),
+    (["train", "--strategy", "ddp", "--timeout", "1e10"], "at most 604,800 (a week)"),
+    (["trace", "--timeout", "inf"], "at most 604,800 (a week)"),
+    (["sweep", "--vary", "lr=0.1", "--store", "s.jsonl", "--seeds", "0-100000000000"],
+     "100,000,000,001 seeds is more than a sweep can hold"),
+    (["sweep", "--vary", "lr=0.1", "--store", "s.jsonl", "--seeds", "5-1"],
+     "range '5-1' runs backwards"),
+])
+def test_numbers_out_of_range_are_refused_when_parsed(capsys, monkeypatch, argv, says):
+    """Before (issue 39): `--timeout 1e308` overflowed in a started rank, 1e10 timed out at
+    once, and `--seeds 0-100000000000` was a MemoryError inside argparse."""
+    monkeypatch.setattr(cli, "train", no_training)
+    monkeypatch.setattr(cli, "launch", no_training)
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and says in one_line(err)
+
+
+def test_sweep_seeds_take_ranges():
+    assert sweeps.parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--width", "100000"], "width 100,000 at batch"),
+    (["--batch-size", "100000000"], "batch 100,000,000 needs about"),
+])
+def test_bench_is_bounded_like_train(capsys, monkeypatch, argv, says):
+    """Before (issue 39): `bench --width 100000` and `--batch-size 10^8` were allocation
+    tracebacks; the bound's message named the width when the batch was at fault."""
+    from mgpu_lib.lab import bench as benches
+    monkeypatch.setattr(benches, "measure", no_training)
+    code, _, err = run(capsys, "bench", "--device", "cpu", *argv)
+    assert code == 2 and says in one_line(err)
+
+
+def test_train_names_the_batch_when_the_batch_is_too_big(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, "--batch-size", "100000000")
+    assert code == 2 and "largest batch that fits width" in one_line(err)
+
+
+def test_the_bound_counts_the_process_address_space_limit(capsys, monkeypatch):
+    """Before (issue 39): under `ulimit -v 4000000`, `train --width 300 --batch-size 64` passed
+    the bound (the machine's memory) and died allocating, a traceback."""
+    from types import SimpleNamespace
+    from mgpu_lib import config
+    if not hasattr(config.psutil, "RLIMIT_AS"):
+        pytest.skip("no address-space limits on this platform")
+    fake = SimpleNamespace(rlimit=lambda which: (4_000_000 * 1024, 4_000_000 * 1024),
+                           memory_info=lambda: SimpleNamespace(vms=3_500_000_000))
+    monkeypatch.setattr(config.psutil, "Process", lambda: fake)
+    monkeypatch.setattr(config, "num_gpus", lambda: 0)
+    monkeypatch.setattr(cli, "train", no_training)
+    code, _, err = run(capsys, *TRAIN, "--width", "300", "--batch-size", "64")
+    assert code == 2 and "width 300 at batch 64 needs about" in one_line(err)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("foreign", "holds run records"), ("notes", "not JSON, so not a results store"),
+    ("read-only", "permission denied"), ("seeds 5-1", "range '5-1' runs backwards"),
+    ("width 100000", "width 100,000 at batch 256 needs about")])
+def test_record_drop_refuses_in_one_line(tmp_path, capsys, monkeypatch, case, says):
+    """Before (issue 39): a foreign store, a notes file or a read-only --out was a ResultsError
+    traceback, `--seeds 5-1` did nothing silently, and `--width 100000` tried to allocate 40 GB."""
+    if case == "read-only" and os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    tool = load_tool("record_drop")
+    monkeypatch.setattr(tool, "run_seed", no_training)
+    out = tmp_path / "drop.jsonl"
+    argv = ["--out", str(out)]
+    if case == "foreign":
+        results.append(out, make_result().to_dict())
+    elif case == "notes":
+        out.write_text("my notes\n", encoding="utf-8")
+    elif case == "read-only":
+        tmp_path.chmod(0o500)
+    else:
+        argv += [f"--{case.split()[0]}", case.split()[1]]
+    try:
+        with pytest.raises(SystemExit) as e:
+            tool.main(argv)
+    finally:
+        tmp_path.chmod(0o700)
+    assert e.value.code == 2 and says in one_line(capsys.readouterr().err)
+
+
+def test_record_accuracy_plans_and_caps_its_seeds(tmp_path, capsys, monkeypatch):
+    """Before (issue 39): `record_accuracy --seeds 0-200` trained 402 points, no plan, no cap."""
+    tool = load_tool("record_accuracy")
+    monkeypatch.setattr(tool, "sweep", no_training)
+    with pytest.raises(SystemExit) as e:
+        tool.main(["--seeds", "0-200", "--store", str(tmp_path / "a.jsonl")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out.startswith("plan: 402 points")
+    assert "402 points is more than 200; pass --yes" in one_line(err)

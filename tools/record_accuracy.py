@@ -1,7 +1,7 @@
 """Record the fast loop's accuracy against the chapter's loop over many seeds.
 
     MGPU_FASHION_MNIST_DIR=... .venv/bin/python tools/record_accuracy.py --profile cpu \
-        --bf16 off --seeds 0-19
+        --bf16 off --seeds 0-19 --yes
 
 A sweep over `fast` (the chapter's loop, then the fast loop) x seeds into
 `mgpu_lib/recorded/accuracy_<profile>.jsonl`. The chapter's loop ignores the fast path's switches,
@@ -10,33 +10,17 @@ Points already stored are skipped, so an interrupted run continues where it stop
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from mgpu_lib.book.cli import Parser
+from mgpu_lib.book.cli import SWEEP_CAP, Parser, check_plan, seed_list
 from mgpu_lib.book.profiles import PROFILES, get_profile
-from mgpu_lib.book.sweep import sweep
-from mgpu_lib.config import BF16_FLAG, SEED
+from mgpu_lib.book.sweep import sweep, unique
+from mgpu_lib.config import BF16_FLAG
 
 # The repository's copy of the records (this tool makes package data, in a clone), never an
 # installed package's.
 RECORDED = Path(__file__).resolve().parent.parent / "mgpu_lib" / "recorded"
-
-
-def seed_list(text: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]; a bad seed or range is one line (argparse's error)."""
-    seeds = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            first, last = SEED.parse(lo), SEED.parse(hi or lo)
-            if last < first:
-                raise ValueError(f"range {part!r} runs backwards")
-            seeds += list(range(first, last + 1))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return seeds
 
 
 def main(argv=None) -> int:
@@ -46,7 +30,9 @@ def main(argv=None) -> int:
                    help="the fast loop's bf16 switch (auto: native bf16 on GPUs only)")
     p.add_argument("--norm-fp32", action="store_true",
                    help="under bf16, run BatchNorm (and what follows it) in fp32")
-    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="e.g. 0-19")
+    p.add_argument("--yes", action="store_true",
+                   help=f"train a plan of more than {SWEEP_CAP} points or of hours")
     p.add_argument("--store", help="JSON Lines store (default: the repository's "
                                    "mgpu_lib/recorded/accuracy_<profile>.jsonl)")
     args = p.parse_args(argv)
@@ -55,8 +41,10 @@ def main(argv=None) -> int:
     base = get_profile(args.profile).config(bf16=BF16_FLAG[args.bf16],
                                             norm_fp32=args.norm_fp32)
     store = args.store or RECORDED / f"accuracy_{args.profile}.jsonl"
+    vary, seeds = {"fast": [False, True]}, unique(args.seeds)[0]
     try:
-        sweep(base, {"fast": [False, True]}, seeds=args.seeds, store=store,
+        check_plan(base, vary, seeds, args.yes)     # printed; too big without --yes: refused
+        sweep(base, vary, seeds=seeds, store=store,
               log=lambda line: print(line, flush=True))
     except ValueError as e:          # a store that is no store, a device that is not here
         p.exit(2, f"{p.prog}: error: {e}\n")

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import sys
 
-from mgpu_lib.book.cli import Parser, argtype
+from mgpu_lib.book.cli import Parser, argtype, seed_list
 from mgpu_lib.book.store import append, check_writable, read
-from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
+from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER, check_fits
+from mgpu_lib.data import DataError
+from mgpu_lib.devices import DeviceError
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, KIND, run_seed
-
-
-def seeds(text: str) -> list[int]:
-    """'0,1,2' or '0-4'."""
-    if "-" in text:
-        lo, hi = text.split("-", 1)
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def main(argv=None) -> int:
     p = Parser(prog="tools/record_drop.py", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=seeds, default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="e.g. 0,1,2 or 0-4")
     p.add_argument("--width", type=argtype(POSITIVE_INT), default=16)
     p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=128,
                    help="the first run's batch; the second runs use twice it")
@@ -43,6 +37,16 @@ def main(argv=None) -> int:
     unknown = set(conditions) - set(CONDITIONS + EXTRA)
     if unknown:
         p.error(f"unknown condition(s) {', '.join(sorted(unknown))}")
+    try:       # a store that is no store, a read-only --out, a network too wide: one line
+        check_fits(args.width, 2 * args.batch_size)      # the second runs' batch
+        record(args, conditions)
+    except (ValueError, DataError, DeviceError) as e:     # ResultsError is a ValueError
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    return 0
+
+
+def record(args, conditions: list) -> None:
+    """Each seed's runs not in the store yet, appended as they finish."""
     out = check_writable(args.out, store=True, kind=KIND)
     for seed in args.seeds:
         done = {r.get("condition") for r in read(out) if r["config"]["seed"] == seed}
@@ -56,7 +60,6 @@ def main(argv=None) -> int:
                            log=lambda line: print(line, flush=True))
         for rec in records:
             append(out, rec)
-    return 0
 
 
 if __name__ == "__main__":

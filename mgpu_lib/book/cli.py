@@ -9,9 +9,11 @@
     torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
-(its result is still written). Output paths are checked before any work starts, and a result
-is saved before anything is printed about it; once standard output's reader is gone (`| head`),
-what would be printed is dropped and the work goes on.
+(its result is still written); 130 Ctrl-C and 143 SIGTERM (one line each). Output paths are
+checked before any work starts, and a result is saved before anything is printed about it; once
+standard output's reader is gone (`| head`), what would be printed is dropped and the work goes
+on; standard output that cannot be written (`> /dev/full`) is one line and exit 2 at the end. A
+standard stream closed by the caller (`2>&-`) is os.devnull.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import argparse
 import io
 import json
 import os
+import signal
 import sys
+import threading
 from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Optional, Sequence
@@ -31,11 +35,11 @@ from ..devices import DeviceError, num_gpus
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable, save_result
-from ..config import COUNT, FLAG, POSITIVE_INT, POSITIVE_NUMBER, SEED, Check, flag_name, on_cli
+from ..config import (COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, check_fits, flag_name,
+                      on_cli)
 from ..lab.launcher import LOG, LaunchError, launch
-from ..model import check_width
-from .sweep import (MAX_POINTS, count_points, merge_vary, parse_vary, plan_line, plural,
-                    predicted_sweep, sweep, unique, vary_keys)
+from .sweep import (MAX_POINTS, count_points, merge_vary, parse_seeds, parse_vary, plan_line,
+                    plural, predicted_sweep, sweep, unique, vary_keys)
 from ..config import BF16_FLAG
 from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
@@ -55,6 +59,9 @@ def _argtype(parse, name: str):
 def argtype(check: Check):
     """An argparse type from a setting's check: a refusal is one line naming the flag."""
     return _argtype(check.parse, check.words)
+
+
+seed_list = _argtype(parse_seeds, "seeds")      # --seeds of `sweep` and of the tools
 
 
 class Parser(argparse.ArgumentParser):
@@ -95,7 +102,7 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER),
+    p.add_argument("--timeout", type=argtype(TIMEOUT),
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
@@ -106,7 +113,8 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
                         f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
                         "DataParallel)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2],
+                   help="seeds and ranges, e.g. 0-4,7 (default 0,1,2)")
     p.add_argument("--store", required=True,
                    help="JSON Lines store: read, then one record appended per new point")
     p.add_argument("--yes", action="store_true",
@@ -134,7 +142,7 @@ def build_parser(config=TrainConfig) -> Parser:
     p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=COLLECTIVE_TIMEOUT_S,
+    p.add_argument("--timeout", type=argtype(TIMEOUT), default=COLLECTIVE_TIMEOUT_S,
                    help="seconds a collective may wait for a silent rank")
     p.add_argument("--threads", type=argtype(POSITIVE_INT),
                    help="CPU threads per process (default: its share of this node's cores)")
@@ -158,7 +166,7 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="steps recorded, after two unrecorded ones (default 2)")
     p.add_argument("--out", default="runs/trace",
                    help="folder for the per-rank Chrome traces and events.json")
-    p.add_argument("--timeout", type=argtype(POSITIVE_NUMBER), default=300.0,
+    p.add_argument("--timeout", type=argtype(TIMEOUT), default=300.0,
                    help="stop every process after this many seconds (default 300)")
     return parser
 
@@ -170,7 +178,7 @@ def config_from_args(args) -> TrainConfig:
     overrides = {f.name: getattr(args, f.name) for f in on_cli(config)
                  if getattr(args, f.name, None) is not None}
     config = profile.config(config, **overrides)
-    check_width(config.width, config.batch_size, config.devices)   # one line, before allocating
+    check_fits(config.width, config.batch_size, config.devices)   # one line, before allocating
     return config
 
 
@@ -200,15 +208,10 @@ SWEEP_CAP = 200
 SWEEP_HOURS = 2.0
 
 
-def cmd_sweep(args) -> int:
-    if args.out:
-        raise ValueError("sweep has no --out: it appends every point to --store")
-    try:
-        seeds, repeated = unique([SEED.parse(s) for s in args.seeds.split(",")])
-    except ValueError as e:
-        raise ValueError(f"--seeds: {e}") from None
-    base, (vary, notes) = config_from_args(args), merge_vary(args.vary)
-    notes += [f"seed {s} given more than once; swept once" for s in repeated]
+def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool,
+               notes: Sequence[str] = ()) -> None:
+    """Print a sweep's plan (and `notes`); a ValueError if it is too big for a sweep, or, unless
+    `yes`, more than `SWEEP_CAP` points or `SWEEP_HOURS` hours. `sweep` and the tools' sweeps."""
     n = count_points(vary, seeds)
     if n > MAX_POINTS:
         raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
@@ -216,11 +219,20 @@ def cmd_sweep(args) -> int:
     pred = predicted_sweep(base, vary, seeds)
     print("\n".join([plan_line(base, vary, seeds, pred)] + [f"note: {t}" for t in notes]),
           flush=True)
-    if n > SWEEP_CAP and not args.yes:
+    if n > SWEEP_CAP and not yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
-    if pred and pred[1] > SWEEP_HOURS * 3600 and not args.yes:
+    if pred and pred[1] > SWEEP_HOURS * 3600 and not yes:
         raise ValueError(f"the plan may take {minutes(pred[1])}, more than {SWEEP_HOURS:g} h; "
                          f"pass --yes to train it")
+
+
+def cmd_sweep(args) -> int:
+    if args.out:
+        raise ValueError("sweep has no --out: it appends every point to --store")
+    seeds, repeated = unique(args.seeds)
+    base, (vary, notes) = config_from_args(args), merge_vary(args.vary)
+    notes += [f"seed {s} given more than once; swept once" for s in repeated]
+    check_plan(base, vary, seeds, args.yes, notes)
     records = sweep(base, vary, seeds=seeds, store=args.store,
                     log=lambda line: print(line, flush=True))
     print(f"{plural(len(records), 'point')} in {args.store}")
@@ -233,9 +245,9 @@ def cmd_bench(args) -> int:
     result = bench(width=args.width, batch_size=args.batch_size, steps=args.steps,
                    repeats=args.repeats, warmup_steps=args.warmup_steps, device=args.device,
                    num_workers=args.workers, bf16=BF16_FLAG[args.bf16], norm_fp32=args.norm_fp32)
-    print("\n".join(format_bench(result)))
-    if args.out:
+    if args.out:                  # saved first: printing can fail (a closed pipe, a full disk)
         append(args.out, result)
+    print("\n".join(format_bench(result)))
     return 0
 
 
@@ -332,12 +344,14 @@ COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker"
 
 
 class _Stdout:
-    """Standard output that outlives its reader (`| head -1`): once the pipe is closed, what
-    would be printed is dropped (the descriptor pointed at os.devnull, the recipe of Python's
-    docs for SIGPIPE) and the work goes on, so no result is lost to a traceback."""
+    """Standard output that outlives its reader (`| head -1`) or its device (`> /dev/full`):
+    once a write fails, what would be printed is dropped (the descriptor pointed at
+    os.devnull, the recipe of Python's docs for SIGPIPE) and the work goes on, so no result is
+    lost to a traceback. A failure other than a closed pipe is kept in `error`, for one line."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
+        self.error: Optional[OSError] = None
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
@@ -352,7 +366,9 @@ class _Stdout:
     def _unless_closed(self, method, *args) -> None:
         try:
             method(*args)
-        except BrokenPipeError:
+        except OSError as e:
+            if not isinstance(e, BrokenPipeError):
+                self.error = self.error or e
             try:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, self.stream.fileno())
@@ -361,23 +377,59 @@ class _Stdout:
                 self.stream = io.StringIO()
 
 
+def _open_std_streams() -> None:
+    """A standard stream the caller closed (`2>&-`) is os.devnull: tqdm and the error line have
+    somewhere to go, and a result file opened later never becomes descriptor 2."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)         # the lowest free descriptor: `fd`
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:                   # Python found it closed at start
+            setattr(sys, name, open(os.devnull, "r" if fd == 0 else "w", encoding="utf-8"))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stopped as Ctrl-C stops a command, said in one line; exit status 143."""
+    exit_code = 143
+
+
+def _terminated(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    _open_std_streams()
     args = build_parser().parse_args(argv)
     # a DDP worker's reader is its supervisor: once that is gone, the worker should stop too
     out = _Stdout(sys.stdout) if args.command != "worker" else sys.stdout
+    # a worker is torchrun's to stop; elsewhere SIGTERM says what it stopped, as Ctrl-C does
+    term = (args.command != "worker" and threading.current_thread() is threading.main_thread())
+    previous = signal.signal(signal.SIGTERM, _terminated) if term else None
     try:
         with redirect_stdout(out):
             try:
-                return COMMANDS[args.command](args)
+                code = COMMANDS[args.command](args)
             finally:
                 out.flush()
+        if getattr(out, "error", None) is not None:     # the result, if any, is saved
+            print(f"python -m mgpu_lib {args.command}: error: cannot write standard output: "
+                  f"{out.error.strerror or out.error}", file=sys.stderr)
+            return code or 2
+        return code
     except (ValueError, DeviceError, DataError, ResultsError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:     # Ctrl-C; or SIGTERM during a DDP job (`Terminated`)
+    except KeyboardInterrupt as e:     # Ctrl-C or SIGTERM
         print(f"python -m mgpu_lib {args.command}: {str(e) or 'interrupted (Ctrl-C)'}; "
               "stopped, no result written for the run in progress", file=sys.stderr)
         return getattr(e, "exit_code", 130)
+    finally:
+        if term:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

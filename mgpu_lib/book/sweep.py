@@ -29,11 +29,11 @@ import torch
 from . import store as results
 from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
-from ..config import COUNT, NONNEGATIVE_NUMBER, SWITCH_FIELDS, Check, flag_name, on_cli
+from ..config import (COUNT, NONNEGATIVE_NUMBER, SEED, SWITCH_FIELDS, Check, check_fits,
+                      flag_name, on_cli)
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.launcher import LaunchError, launch
-from ..model import check_width
 from ..perf.runtime import Job
 from ..training import METRICS, TrainConfig, TrainResult, train
 
@@ -88,6 +88,26 @@ def unique(values: Sequence) -> tuple[list, list]:
     """`values` once each, in order, and those given more than once (by ==: lr 1 is lr 1.0)."""
     counts = Counter(values)
     return list(counts), [v for v, n in counts.items() if n > 1]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-3,7' -> [0, 1, 2, 3, 7]: the seeds of the CLI's --seeds and of the tools. A ValueError
+    for a bad seed, a range that runs backwards, or more seeds than a sweep holds (`MAX_POINTS`),
+    counted before the list is built."""
+    ranges = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo:
+            raise ValueError(f"{part.strip()!r}: a seed is an integer from 0, a range LOW-HIGH")
+        first = SEED.parse(lo)
+        last = SEED.parse(hi) if dash else first
+        if last < first:
+            raise ValueError(f"range {part.strip()!r} runs backwards")
+        ranges.append((first, last))
+    n = sum(last - first + 1 for first, last in ranges)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} seeds is more than a sweep can hold ({MAX_POINTS:,})")
+    return [s for first, last in ranges for s in range(first, last + 1)]
 
 
 def vary_keys(config=TrainConfig) -> dict[str, Check]:
@@ -168,7 +188,7 @@ def check_point(config: TrainConfig, options: dict) -> None:
                                   f"has {num_gpus()}")
         else:
             resolve_devices(config.devices)
-        check_width(config.width, config.batch_size, config.devices)   # before allocating
+        check_fits(config.width, config.batch_size, config.devices)   # before allocating
     except (ValueError, DeviceError) as e:
         raise type(e)(f"{describe_point(config, options)}: {e}") from None
 

@@ -22,9 +22,10 @@ from torch import nn
 from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
-from ..model import resnet18, train_flops
+from ..model import resnet18, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
-from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
+from ..config import (AUTO, REFERENCE, Switches, check_fits, native_bf16, prepare_model,
+                      resolve_switches, usable_memory)
 from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
 
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
@@ -156,12 +157,28 @@ def bench_device(device=None) -> torch.device:
     return device
 
 
+# a synthetic image while it is made: its float32 template, noise and sum (uint8 once made)
+IMAGE_BYTES = 3 * 4 * 28 * 28
+
+
+def check_memory(width: int, batch: int, images: int, device) -> None:
+    """A one-line ValueError before anything is allocated: `images` synthetic images, then a
+    network of `width` training on `batch` of them (`config.check_fits`), on `device`."""
+    free, data = usable_memory(device), images * IMAGE_BYTES
+    check_fits(width, batch, 1, available=free)
+    if data > free - train_bytes(width, batch):
+        raise ValueError(f"{images:,} images (batch {batch:,} times the steps) need about "
+                         f"{data / 1e9:,.0f} GB beside the network, and this machine has "
+                         f"{free / 1e9:.1f} GB; fewer steps or repeats")
+
+
 def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: int = 3,
           warmup_steps: int = 2, device=None, num_workers: Optional[int] = None,
           bf16=AUTO, norm_fp32: bool = False) -> dict:
     """The chapter's loop vs the fast loop ("auto" switches for `device`), measured together."""
     workers = chapter_workers(num_workers)       # a bad count is refused before any work
     device = bench_device(device)
+    check_memory(width, batch_size, batch_size * (warmup_steps + steps * repeats), device)
     fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
                                         norm_fp32=norm_fp32), device)
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
