@@ -80,7 +80,7 @@ def test_gpus_without_p2p_are_named_with_the_pair():
 
 
 def test_pcie_links_are_named_with_their_topo_codes():
-    f = Facts(devices=("Tesla V100-PCIE-16GB",) * 3,
+    f = Facts(devices=("Tesla T4",) * 3,
               peer={(0, 1): True, (0, 2): True, (1, 2): True},
               links=parse_topo(TOPO), global_batch=768, strategy="dp")
     pcie = next(c for c in causes(f) if c.name == "PCIe, not NVLink")
@@ -186,3 +186,36 @@ def test_a_batch_curve_has_one_row_per_batch_and_steps_in_proportion():
     for r in rows:
         assert r["step_s"] == pytest.approx(r["batch"] / r["images_per_second"])
         assert len(r["runs"]) == 1 and r["peak_memory_mb"] is None
+
+
+@pytest.mark.parametrize("name, sheet", [
+    ("NVIDIA RTX A1000", None), ("NVIDIA T400", None), ("NVIDIA A100-SXM4-40GB", None),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 3090", None),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5"),
+    ("NVIDIA H200", "H200 SXM"), ("Tesla T4", "T4"), ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla K80", "K80 (one GK210 die)")])
+def test_a_datasheet_is_matched_by_whole_words(name, sheet):
+    """Before (issue 39): by substring, an 'NVIDIA RTX A1000' got the A100's datasheet, a 'T400'
+    the T4's, an 'A100-SXM4-40GB' the 80 GB one's and an 'H100 PCIe' the SXM5's."""
+    spec = diagnose.datasheet(name)
+    assert (spec and spec.name) == sheet
+
+
+def test_a_gpu_without_a_datasheet_is_said_so():
+    f = Facts(devices=("NVIDIA RTX A1000",) * 2)
+    assert diagnose.machine(f) is None
+    assert any("no datasheet for NVIDIA RTX A1000" in line for line in report(f))
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(width=0), "width must be a positive integer"),
+    (dict(cpu_cores=-2), "cpu_cores must be a positive integer"),
+    (dict(devices="Tesla V100"), "devices must be a tuple of device names"),
+    (dict(global_batch=0), "global_batch must be"), (dict(strategy="fsdp"), "strategy must be"),
+    (dict(loader_images_per_s=float("nan")), "loader_images_per_s must be"),
+    (dict(loader_workers=-1), "loader_workers must be")])
+def test_facts_that_cannot_be_are_refused(change, says):
+    """Before (issue 39): Facts(width=0), negative cores and devices="Tesla V100" (read as ten
+    GPUs, one per letter) were diagnosed."""
+    with pytest.raises(ValueError, match=says):
+        Facts(**change)

@@ -7,6 +7,7 @@ check.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import textwrap
 import time
@@ -20,8 +21,9 @@ from ..chapter import chapter_loader
 from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
-from ..perf.scaling import (DeviceSpec, LinkSpec, StepTime, compute_rate, dp_python_s,
-                            pair_link, predict_step_time, spec_for_name)
+from ..config import COUNT, POSITIVE_INT, Check, one_of
+from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, StepTime, compute_rate, dp_python_s,
+                            pair_link, predict_step_time)
 
 NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
 
@@ -41,6 +43,19 @@ class Facts:
     cpu_cores: int = 1
     loader_workers: int = 0
     width: int = 64
+
+    def __post_init__(self):
+        """A described machine that cannot be is a one-line ValueError, not a wrong diagnosis."""
+        if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
+            raise ValueError(f"devices must be a tuple of device names, got {self.devices!r}")
+        for name, check in (("global_batch", POSITIVE_INT), ("cpu_cores", POSITIVE_INT),
+                            ("width", POSITIVE_INT), ("loader_workers", COUNT),
+                            ("strategy", one_of("dp", "ddp"))):
+            check.check(name, getattr(self, name))
+        for name in ("loader_images_per_s", "train_images_per_s", "outside_s", "compute_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _TIMING.check(name, value)
 
 
 @dataclass(frozen=True)
@@ -79,10 +94,36 @@ class Machine:
                             published_fit().overheads(self.spec).efficiency)
 
 
+_TIMING = Check("a positive finite number or None", lambda v: isinstance(v, (int, float)) and
+                not isinstance(v, bool) and 0 < v < float("inf"), float)
+# words a device name may carry beside the datasheet's: the vendor, the brand, the memory type
+_NOISE = {"NVIDIA", "TESLA", "GEFORCE", "HBM2", "HBM2E", "HBM3", "HBM3E"}
+
+
+def _words(name: str) -> set:
+    return set(re.split(r"[\s_\-]+", name.upper().replace("...", " "))) - _NOISE - {""}
+
+
+def datasheet(name: str) -> Optional[DeviceSpec]:
+    """The datasheet of the device `name` (as torch.cuda.get_device_name gives it), matched by
+    whole words after normalizing: the chip must be the datasheet's ("RTX A1000" is no A100,
+    "T400" no T4), and a form factor or memory size the name states must be the datasheet's
+    ("A100-SXM4-40GB" is not the 80 GB one, "H100 PCIe" not the SXM5). None: no datasheet."""
+    words = _words(name)
+    for spec in DEVICES.values():
+        key = _words(spec.name.split(" (")[0])
+        chip = next(w for w in spec.name.upper().split() if any(c.isdigit() for c in w))
+        sizes = {w for w in key if w.endswith("GB")}
+        if chip in words and words - {w for w in words if w.endswith("GB") and not sizes} <= key:
+            return spec
+    return None
+
+
 def machine(f: Facts) -> Optional[Machine]:
-    """The model of `f`'s machine, or None without a datasheet for its first GPU. The link is
-    `pair_link` of the slowest pair the facts describe (P2P off, then its topo code)."""
-    spec = spec_for_name(f.devices[0]) if f.devices else None
+    """The model of `f`'s machine, or None without a datasheet for its first GPU (`datasheet`).
+    The link is `pair_link` of the slowest pair the facts describe (P2P off, then its topo
+    code)."""
+    spec = datasheet(f.devices[0]) if f.devices else None
     if spec is None:
         return None
     links = [pair_link(spec, f.peer.get(p), f.links.get(p))
