@@ -45,8 +45,8 @@ def seconds(x: float) -> str:
 def test_gpus_widget_shows_the_models_band(gpus):
     c = gpus.controls
     assert (c["gpu"].value, c["n"].value, c["strategy"].value) == (K80.name, 1, "DataParallel")
-    for n, strategy, mode, batch in ((16, "DataParallel", "per GPU", 256), (16, "DDP", "global", 256),
-                                     (8, "DDP", "per GPU", 64)):
+    for n, strategy, mode, batch in ((16, "DataParallel", "per GPU", 256),
+                                     (16, "DDP", "global", 256), (8, "DDP", "per GPU", 64)):
         started = time.perf_counter()
         c["strategy"].value, c["mode"].value = strategy, mode
         c["batch"].value, c["n"].value = batch, n

@@ -270,3 +270,126 @@ def test_built_book_layout(browser):
         assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     found = problems(browser, build)
     assert not found, f"{len(found)} layout problems in the built book:\n" + "\n".join(found)
+
+
+# The explorers (mgpu_lib/book/explore.py, issue 38): their view works offline, driven from the
+# keyboard, and shows the library's prediction for the setting the controls name.
+EXPLORER_CPUS = {"the slower recorded CPU": 60.0, "the faster recorded CPU": 110.0}
+
+
+def pcie_sync_s(spec) -> float:
+    """ex2's sync: the gradients in and the weights out over the GPU's PCIe link."""
+    from mgpu_lib.perf.evidence import workload
+    from mgpu_lib.perf.scaling import LINKS
+    w = workload(64)
+    return 2 * w.bytes_per_param * w.params / (LINKS[spec.pcie].gbs * 1e9)
+
+
+def _shown_time(x: float) -> str:
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def k80_epoch(n: int) -> str:
+    """The library's middle for ex1's default: K80 dies, DataParallel, 256 images per die."""
+    from mgpu_lib.perf.evidence import band, epoch_time
+    from mgpu_lib.perf.scaling import DEVICES
+    k80 = DEVICES["K80 (one GK210 die)"]
+    return _shown_time(band(epoch_time(n, 256 * n, k80, strategy="dp"), k80)[1])
+
+
+def split_step(share: int, cpu_ips: float) -> str:
+    """The library's step (ms) for ex2's default: a V100 and a CPU at `cpu_ips`, batch 256."""
+    from mgpu_lib.perf.runtime import step_seconds
+    from mgpu_lib.perf.scaling import DEVICES
+    from mgpu_lib.split import predict_hetero_step
+    v100 = DEVICES["V100 SXM2"]
+    speeds = [256 / step_seconds(v100, 256), cpu_ips]
+    return _shown_time(1e3 * predict_hetero_step(speeds, [256 - share, share], pcie_sync_s(v100)))
+
+
+def moved_gpus(tab) -> list[str]:
+    """ex1's GPUs from 1 to 16 with the keyboard: what disagrees with the library."""
+    before = check_layout.explorer_shows(tab, "gpus")
+    after = check_layout.press(tab, "gpus", "n", "End")
+    if (before["mid"], after["mid"]) == (k80_epoch(1), k80_epoch(16)):
+        return []
+    return [f"ex1 shows {before['mid']} then {after['mid']} s per epoch, the library "
+            f"{k80_epoch(1)} then {k80_epoch(16)}"]
+
+
+def moved_split(tab, cpu_ips: float) -> list[str]:
+    """ex2's share one step up with the keyboard: what disagrees with the library."""
+    before = check_layout.explorer_shows(tab, "split")
+    after = check_layout.press(tab, "split", "share", "ArrowRight")
+    share = int(after["share"])
+    if share > int(before["share"]) and after["mid"] == split_step(share, cpu_ips):
+        return []
+    return [f"ex2 at share {share} shows {after['mid']} ms, the library "
+            f"{split_step(share, cpu_ips)}"]
+
+
+def explorers_move(browser, pages: dict, width: int, cpu_ips: float) -> list[str]:
+    """Open each page of {explorer: page} at `width`, other hosts blocked, and move its
+    explorer; what disagrees with the library, and each page's errors and requests."""
+    found = []
+    for explorer, page in pages.items():
+        log: dict = {}
+        tab = check_layout.open_page(browser, page, width, log)
+        try:
+            if check_layout.explorer_shows(tab, explorer) is None:
+                found.append(f"{page.name}: no {explorer} explorer")
+                continue
+            found += moved_gpus(tab) if explorer == "gpus" else moved_split(tab, cpu_ips)
+        finally:
+            tab.close()
+        found += [f"{page.name}: " + ": ".join(p) for p in check_layout.logged(log)]
+    return found
+
+
+def explorer_page(root: Path) -> Path:
+    """A planted page with both views as myst-nb writes an HTML output, and the book's
+    _static/explorer.css and explorer.js."""
+    import shutil
+    from mgpu_lib.book.explore import gpus_explorer, split_explorer
+    (root / "_static").mkdir(parents=True, exist_ok=True)
+    for name in ("explorer.css", "explorer.js"):
+        shutil.copy(ROOT / "_static" / name, root / "_static" / name)
+    views = [gpus_explorer().view, split_explorer(EXPLORER_CPUS, pcie_sync_s).view]
+    return write_page(root, "explore", '<link rel="stylesheet" href="../_static/explorer.css">'
+                      + "".join(cell("explorer()", f'<div class="output text_html">{v}</div>')
+                                for v in views)
+                      + '<script src="../_static/explorer.js"></script>')
+
+
+@pytest.fixture(scope="module")
+def planted_explorers(tmp_path_factory) -> Path:
+    return explorer_page(tmp_path_factory.mktemp("explorers"))
+
+
+@pytest.mark.parametrize("width", check_layout.WIDTHS)
+def test_explorers_follow_their_controls_offline(browser, planted_explorers, width):
+    slower = EXPLORER_CPUS["the slower recorded CPU"]
+    pages = dict.fromkeys(("gpus", "split"), planted_explorers)
+    assert explorers_move(browser, pages, width, slower) == []
+
+
+def test_explorers_lay_out_cleanly(browser, planted_explorers):
+    assert problems(browser, planted_explorers.parent.parent) == []
+
+
+@pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
+                    reason="set MGPU_CHECK_BOOK=1 (make test does) to drive the built book")
+@pytest.mark.parametrize("width", check_layout.WIDTHS)
+def test_built_book_explorers_follow_their_controls(browser, width):
+    """ex1's and ex2's pages as built: the keyboard moves each explorer to the library's value,
+    with every other host blocked (test_built_book_layout builds the book where it is missing)."""
+    from mgpu_lib.book.pages import recorded_cpu_rates
+    from mgpu_lib.perf.evidence import workload
+    build = ROOT / "_build" / "html" / "exercises"
+    if not build.is_dir():
+        pytest.skip("no built book: test_built_book_layout builds it")
+    flops = workload(64).train_flops
+    slower = min(r[min(r, key=lambda k: abs(k - 64))] / flops
+                 for r in recorded_cpu_rates().values())
+    pages = {"gpus": build / "ex1_hyperparameters.html", "split": build / "ex2_cpu_gpu_split.html"}
+    assert explorers_move(browser, pages, width, slower) == []

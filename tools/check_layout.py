@@ -436,6 +436,30 @@ def check_build(build_root: Path) -> list[str]:
         return check_pages(b, build_root, pages)
 
 
+# The explorers (mgpu_lib/book/explore.py): what a view shows, and a reader's keys on a control.
+EXPLORER_SHOWS = """(name) => {
+  const view = document.querySelector(`.mgpu-explorer[data-explorer="${name}"]`);
+  if (!view) return null;
+  const shown = {};
+  for (const el of view.querySelectorAll('[data-k]')) shown[el.dataset.k] = el.textContent;
+  return shown;
+}"""
+
+
+def explorer_shows(tab, explorer: str) -> dict | None:
+    """{data-k: text} of the explorer's view on the page (None where the page has none)."""
+    return tab.evaluate(EXPLORER_SHOWS, explorer)
+
+
+def press(tab, explorer: str, control: str, *keys: str) -> dict | None:
+    """Focus the explorer's control named `control` and press `keys` as a reader would (End,
+    ArrowRight ...); returns what the view shows then."""
+    tab.locator(f'.mgpu-explorer[data-explorer="{explorer}"] [name="{control}"]').first.focus()
+    for key in keys:
+        tab.keyboard.press(key)
+    return explorer_shows(tab, explorer)
+
+
 def main(argv: list[str]) -> int:
     """Print the layout problems of the build named on the command line (default _build/html)."""
     default = Path(__file__).resolve().parent.parent / "_build" / "html"

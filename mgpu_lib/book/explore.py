@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import re
 from typing import Callable, Optional
 
 from mgpu_lib.perf.evidence import band, epoch_time, published_fit
@@ -115,8 +116,9 @@ def gpu_panel(v: dict) -> str:
                      f'height:0.7em;margin-right:0.3em;background:{c}"></i>{_e(name)} '
                      f'<b data-k="p{i}">{p}</b> ms</li>'
                      for i, (name, p, c) in enumerate(zip(PARTS, v["parts"], COLORS)))
-    return (f'<div class="mgpu-panel" aria-live="polite">'
-            f'<p class="mgpu-big">Predicted: <b data-k="mid">{v["mid"]}</b> s per epoch '
+    return (f'<div class="mgpu-panel">'
+            f'<p class="mgpu-big" aria-live="polite">Predicted: <b data-k="mid">{v["mid"]}</b> '
+            f's per epoch '
             f'(band <b data-k="lo">{v["lo"]}</b> to <b data-k="hi">{v["hi"]}</b> s), '
             f'<b data-k="speedup">{v["speedup"]}</b> times the speed of one such GPU; '
             f'global batch <b data-k="total">{v["total"]}</b>.</p>'
@@ -197,8 +199,9 @@ def split_panel(v: dict, i: int) -> str:
     text = lambda k, x, y, s, a="start": (                               # noqa: E731
         f'<text data-k="{k}" x="{x}" y="{y}" font-size="11" text-anchor="{a}" '
         f'fill="currentColor">{_e(s)}</text>')
-    return (f'<div class="mgpu-panel" aria-live="polite">'
-            f'<p class="mgpu-big">Predicted step: <b data-k="mid">{p["mid"]}</b> ms (band '
+    return (f'<div class="mgpu-panel">'
+            f'<p class="mgpu-big" aria-live="polite">Predicted step: <b data-k="mid">{p["mid"]}'
+            f'</b> ms (band '
             f'<b data-k="lo">{p["lo"]}</b> to <b data-k="hi">{p["hi"]}</b>), against '
             f'<b data-k="alone">{v["alone"][1]}</b> ms for the GPU alone: '
             f'<b data-k="speedup">{p["speedup"]}</b> times its speed.</p>'
@@ -256,13 +259,14 @@ class Explorer:
 
     def shown(self, key: str) -> str:
         """The text the panel shows under `key` (`data-k`), as a reader reads it."""
-        import re
         found = re.search(rf'data-k="{key}"[^>]*>([^<]*)<', self.panel.value)
         return html.unescape(found.group(1)) if found else ""
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
         import ipywidgets as w
+        for control in self.controls.values():
+            control.style.description_width = "initial"     # labels in full, not cut
         box = w.VBox([w.HBox(list(self.controls.values()),
                              layout=w.Layout(flex_flow="row wrap")), self.panel])
         bundle = box._repr_mimebundle_()
