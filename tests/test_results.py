@@ -1,6 +1,8 @@
 """The results store and every record's header: what the store refuses, what it keeps, and the
 shipped records checked by schema."""
+import csv
 import errno
+import io
 import json
 import math
 import os
@@ -477,3 +479,51 @@ def test_a_negative_zero_accuracy_reads_as_zero():
     """Before (issue 39): a record's `test_acc [-0.0]` printed as '-0.000'."""
     run = results.as_run(make_result(1, acc=-0.0).to_dict(), "r.json")
     assert math.copysign(1, run.test_acc[-0]) == 1 and "-0.0" not in run.summary()
+
+
+# ---- the packaged CSVs (issue 39) -------------------------------------------------------------
+
+def _corrupt(name: str, row: int, column: str, value: str) -> str:
+    """The packaged CSV `name` with one cell changed (row 2 is the first data row)."""
+    from mgpu_lib.perf import published
+    text = (Path(published.__file__).parent.parent / "recorded" / name).read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    cells = next(csv.reader([lines[row - 1]]))
+    cells[header.index(column)] = value
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(cells)
+    lines[row - 1] = buf.getvalue()
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("name, change, says", [
+    ("d2l_builds.csv", (5, "sec_per_epoch_1", "nan"), "row 5: sec_per_epoch_1 'nan' is out of"),
+    ("d2l_builds.csv", (3, "sec_per_epoch_2", "inf"), "row 3: sec_per_epoch_2 'inf' is out of"),
+    ("d2l_builds.csv", (2, "sec_per_epoch_1", "0"), "row 2: sec_per_epoch_1 '0' is out of"),
+    ("d2l_builds.csv", (2, "sec_per_epoch_1", "-3.5"), "row 2: sec_per_epoch_1 '-3.5' is out"),
+    ("d2l_builds.csv", (4, "test_acc_2", "5.0"), "row 4: test_acc_2 '5.0' is out of range"),
+    ("d2l_builds.csv", (2, "batch_1", "x"), "row 2: batch_1 'x' is not int"),
+    ("d2l_builds.csv", (2, "lazy_layers", "yes"), "row 2: lazy_layers 'yes' is not bool"),
+    ("d2l_build_curves.csv", (7, "test_acc_from_figure", "1.5"), "row 7: test_acc_from_figure"),
+    ("d2l_build_curves.csv", (7, "epoch", "-1"), "row 7: epoch '-1' is out of range"),
+    ("d2l_builds.csv", "bom", "row 1: the header is not framework,"),
+    ("d2l_builds.csv", "extra column", "row 2: 23 cells for 22 columns"),
+    ("d2l_builds.csv", "torn", "row 109: no newline at its end (a torn row?)"),
+    ("d2l_build_curves.csv", "header only", ": a header and no rows"),
+])
+def test_a_corrupted_packaged_csv_is_one_error_naming_file_and_row(name, change, says):
+    """Before (issue 39): the packaged CSVs were trusted: a NaN, inf, zero or negative time, an
+    accuracy of 5.0, a header only, a byte-order mark, an extra column or a torn last row loaded
+    silently or was a KeyError."""
+    from mgpu_lib.perf import published
+    kinds = published.BUILD_KINDS if name == "d2l_builds.csv" else published.CURVE_KINDS
+    good = _corrupt(name, 2, next(iter(kinds)), "pytorch")
+    text = {"bom": "\ufeff" + good, "header only": good.splitlines(keepends=True)[0],
+            "torn": good[:len(good) - len(good.splitlines()[-1]) // 2],
+            "extra column": good.replace("\n", ",x\n", 2).replace(",x\n", "\n", 1)}.get(change) \
+        if isinstance(change, str) else _corrupt(name, *change)
+    assert published._recorded(name, kinds, good)           # the copy itself is fine
+    with pytest.raises(ValueError, match=re.escape(f"{name}") + ".*" + re.escape(says)) as e:
+        published._recorded(name, kinds, text)
+    one_line(e)
