@@ -347,15 +347,16 @@ def explorers_move(browser, pages: dict, width: int, cpu_ips: float) -> list[str
 
 
 def explorer_page(root: Path) -> Path:
-    """A planted page with both views as myst-nb writes an HTML output, and the book's
-    _static/explorer.css and explorer.js."""
+    """A planted page with both views as myst-nb writes an HTML output, the theme's Bootstrap
+    rule that hides every [hidden], and the book's _static/explorer.css and explorer.js."""
     import shutil
     from mgpu_lib.book.explore import gpus_explorer, split_explorer
     (root / "_static").mkdir(parents=True, exist_ok=True)
     for name in ("explorer.css", "explorer.js"):
         shutil.copy(ROOT / "_static" / name, root / "_static" / name)
     views = [gpus_explorer().view, split_explorer(EXPLORER_CPUS, pcie_sync_s).view]
-    return write_page(root, "explore", '<link rel="stylesheet" href="../_static/explorer.css">'
+    return write_page(root, "explore", "<style>[hidden] { display: none !important; }</style>"
+                      '<link rel="stylesheet" href="../_static/explorer.css">'
                       + "".join(cell("explorer()", f'<div class="output text_html">{v}</div>')
                                 for v in views)
                       + '<script src="../_static/explorer.js"></script>')
