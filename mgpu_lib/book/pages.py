@@ -18,6 +18,7 @@ The predictions come from a model, not from measurements:
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ import torch
 
 from ..devices import num_gpus
 from .profiles import Profile, active_profile, banner, get_profile
-from .store import read, recorded
+from .store import check_writable, read, recorded
 from ..perf.runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds, recorded_cpus
 from ..perf.scaling import spec_for_name
 from .style import book_style
@@ -72,7 +73,9 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
     setup cells and a sweep's plan both make."""
     if gpu_name:
         spec = spec_for_name(gpu_name)
-        return None if spec is None else (*gpu_band(jobs, spec), spec.name)
+        if spec is None:
+            return None
+        return (*gpu_band(jobs, spec), spec.name) if jobs else (0.0, 0.0, spec.name)
     rates = recorded_cpu_rates()
     if not rates:
         return None
@@ -87,6 +90,7 @@ def ex1_plan(profile: Profile, *, fresh: bool = True) -> Ex1Plan:
     runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
         if fresh:   # one file, replaced by each run: a temporary folder outlives a killed kernel
+            check_writable(runs, store=True, kind="run")   # a folder, or not ex1's: refused
             runs.unlink(missing_ok=True)
         base = profile.config(num_epochs=2, train_limit=500, test_limit=200)
         return Ex1Plan(base, [1, 2], [32, 64], [0.05, 50.0], runs, False, profile.seeds, runs)
@@ -207,7 +211,10 @@ def budget_s() -> float:
 
 
 def minutes(seconds: float) -> str:
-    """'under a minute', 'about 4 min', 'about 1.5 h', 'about 3 days', 'over a year'."""
+    """'under a minute', 'about 4 min', 'about 1.5 h', 'about 3 days', 'over a year'; a
+    ValueError for a time that is no time (negative, NaN)."""
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"{seconds!r} seconds is not a time")
     if seconds < 60:
         return "under a minute"
     if seconds < 90 * 60:
