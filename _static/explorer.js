@@ -15,11 +15,10 @@
     return Number(form.elements[name].value);
   }
 
-  function fill(select, options, keep) {
+  function fill(select, options) {
     select.replaceChildren.apply(select, options.map(function (text, i) {
       return new Option(String(text), String(i));
     }));
-    select.value = String(Math.min(keep, options.length - 1));
   }
 
   function range(form, name, text) {
@@ -46,9 +45,10 @@
       setText(view, "note", data.notes[Number(e[9])]);
     }
     form.addEventListener("input", function (event) {
-      if (event.target.name === "gpu") fill(form.elements.link, data.links[index(form, "gpu")], 0);
+      if (event.target.name === "gpu") fill(form.elements.link, data.links[index(form, "gpu")]);
+      // new options start at the first, as the widget's do
       if (event.target.name === "mode") {
-        fill(form.elements.batch, data.batches[index(form, "mode")], index(form, "batch"));
+        fill(form.elements.batch, data.batches[index(form, "mode")]);
       }
       show();
     });

@@ -394,3 +394,24 @@ def test_built_book_explorers_follow_their_controls(browser, width):
                  for r in recorded_cpu_rates().values())
     pages = {"gpus": build / "ex1_hyperparameters.html", "split": build / "ex2_cpu_gpu_split.html"}
     assert explorers_move(browser, pages, width, slower) == []
+
+
+def test_explorer_view_shows_what_the_widget_shows(browser, planted_explorers):
+    """After a reader changes the GPU, the strategy, what the batch counts and the GPUs, the
+    book's view shows, word for word, what the live widget shows for the same setting."""
+    from mgpu_lib.book.explore import gpus_explorer
+    tab = check_layout.open_page(browser, planted_explorers, 400)
+    try:
+        view = tab.locator('.mgpu-explorer[data-explorer="gpus"]')
+        view.locator('select[name="gpu"]').select_option(label="V100 SXM2")
+        view.get_by_label("DDP").check()
+        view.get_by_label("global").check()
+        view.locator('select[name="batch"]').select_option(label="1024")
+        shown = check_layout.press(tab, "gpus", "n", "End", "ArrowLeft")   # 15 GPUs
+    finally:
+        tab.close()
+    widget = gpus_explorer()
+    c = widget.controls
+    c["gpu"].value, c["strategy"].value, c["mode"].value = "V100 SXM2", "DDP", "global"
+    c["batch"].value, c["n"].value = 1024, 15
+    assert shown == {k: widget.shown(k) for k in shown}
