@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -619,16 +620,23 @@ def test_record_drop_refuses_in_one_line(tmp_path, capsys, monkeypatch, case, sa
         results.append(out, make_result().to_dict())
     elif case == "notes":
         out.write_text("my notes\n", encoding="utf-8")
-    elif case == "read-only":
-        tmp_path.chmod(0o500)
-    else:
+    elif case != "read-only":
         argv += [f"--{case.split()[0]}", case.split()[1]]
+    assert _refused(tool, argv, tmp_path if case == "read-only" else None, capsys, says)
+
+
+def _refused(tool, argv: list, read_only, capsys, says: str) -> bool:
+    """Whether `tool.main(argv)` exits 2 with one line holding `says` (`read_only`: a folder
+    made read-only meanwhile)."""
+    if read_only:
+        read_only.chmod(0o500)
     try:
         with pytest.raises(SystemExit) as e:
             tool.main(argv)
     finally:
-        tmp_path.chmod(0o700)
-    assert e.value.code == 2 and says in one_line(capsys.readouterr().err)
+        if read_only:
+            read_only.chmod(0o700)
+    return e.value.code == 2 and says in one_line(capsys.readouterr().err)
 
 
 def test_record_accuracy_plans_and_caps_its_seeds(tmp_path, capsys, monkeypatch):
@@ -665,3 +673,78 @@ def test_ex1_plan_refuses_a_folder_where_its_store_goes(tmp_path, monkeypatch):
     (tmp_path / "runs" / "ex1_smoke.jsonl").rmdir()
     results.append(tmp_path / "runs" / "ex1_smoke.jsonl", make_result().to_dict())
     assert not pages.ex1_plan(get_profile("smoke")).runs.exists()     # its own store: emptied
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources]),
+                   path)
+    return path
+
+
+class _FailingClient:
+    """NotebookClient's stand-in: cell 1 starts, then fails (or SIGTERM arrives)."""
+    sigterm = False
+
+    def __init__(self, nb, on_cell_execute, **kw):
+        self.nb, self.started = nb, on_cell_execute
+
+    def execute(self):
+        from nbclient.exceptions import CellExecutionError
+        self.started(cell=self.nb.cells[1], cell_index=1)
+        if self.sigterm:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        raise CellExecutionError("Traceback ...\nZeroDivisionError", "ZeroDivisionError",
+                                 "division by zero\nmore")
+
+
+def test_execute_notebook_says_the_failing_cell_in_one_line_and_keeps_no_copy(tmp_path, capsys,
+                                                                               monkeypatch):
+    """Before (issue 39): a failing cell was a traceback, and its unexecuted copy stayed in
+    --out."""
+    tool = load_tool("execute_notebook")
+    monkeypatch.setattr(tool, "NotebookClient", _FailingClient)
+    nb = _notebook(tmp_path / "book" / "01_page.ipynb", "x = 1", "1 / 0")
+    with pytest.raises(SystemExit) as e:
+        tool.main([str(nb), "--out", str(tmp_path / "out")])
+    assert one_line(str(e.value)) == ("01_page.ipynb: cell 1 ('1 / 0') failed under profile cpu: "
+                                      "ZeroDivisionError: division by zero")
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_execute_notebook_removes_its_copy_on_sigterm(tmp_path):
+    """Before (issue 39): SIGTERM left the unexecuted copy in --out."""
+    nb = _notebook(tmp_path / "book" / "01_page.ipynb", "x = 1", "import time; time.sleep(60)")
+    code = ("import importlib.util, sys\n"
+            f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+            "import test_cli\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(REPO / 'tools' / 'execute_notebook.py')!r})\n"
+            "tool = importlib.util.module_from_spec(spec); spec.loader.exec_module(tool)\n"
+            "test_cli._FailingClient.sigterm = True\n"
+            "tool.NotebookClient = test_cli._FailingClient\n"
+            f"tool.main([{str(nb)!r}, '--out', {str(tmp_path / 'out')!r}])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 143, proc.stderr
+    assert "terminated (SIGTERM); stopped" in one_line(proc.stderr)
+    assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("case, says", [("same name", "would share one copy"),
+                                        ("read-only", "permission denied"),
+                                        ("timeout 1e308", "at most 604,800")])
+def test_execute_notebook_checks_out_before_running(tmp_path, capsys, monkeypatch, case, says):
+    """Before (issue 39): a read-only --out was a traceback, and two notebooks of one name
+    overwrote each other's copy."""
+    if case == "read-only" and os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    tool = load_tool("execute_notebook")
+    monkeypatch.setattr(tool, "execute", no_training)
+    a = _notebook(tmp_path / "chapters" / "x.ipynb", "1")
+    b = _notebook(tmp_path / "exercises" / "x.ipynb", "2")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = {"same name": [str(a), str(b)], "read-only": [str(a)],
+            "timeout 1e308": [str(a), "--timeout", "1e308"]}[case] + ["--out", str(out)]
+    assert _refused(tool, argv, out if case == "read-only" else None, capsys, says)

@@ -6,10 +6,12 @@
 In place by default; with `--out DIR` each notebook is copied alone into DIR/<stem>/ and runs
 there, the original untouched. After execution it drops progress-bar widgets (their live view
 means nothing in a static page) and refuses to save a notebook whose outputs hold a traceback or
-a machine path. A cell that runs past `--timeout` stops the run with one line naming the page and
-the cell; `--slowest N` lists the N slowest cells of each page. Every notebook named is read
-first: a missing path, a folder, a file that is not a notebook, or a timeout that is not a
-positive number of seconds is one line and exit 2, before anything runs.
+a machine path. A cell that fails or runs past `--timeout` stops the run with one line naming the
+page and the cell; `--slowest N` lists the N slowest cells of each page. Every notebook named is
+read first: a missing path, a folder, a file that is not a notebook, a timeout that is not a
+positive number of seconds up to a week, an `--out` that cannot be written or two notebooks of
+one name for one `--out` is one line and exit 2, before anything runs. A copy stays in `--out`
+only once executed: a failure, Ctrl-C or SIGTERM removes it.
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ from typing import Optional
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-from mgpu_lib.book.cli import Parser, argtype
-from mgpu_lib.config import COUNT, POSITIVE_INT
+from mgpu_lib.book.cli import Parser, argtype, sigterm_interrupts
+from mgpu_lib.config import COUNT, TIMEOUT
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -61,15 +63,32 @@ def first_line(cell) -> str:
     return next((line for line in cell.source.splitlines() if line.strip()), "")[:60]
 
 
-def execute(path: Path, profile: str, timeout: int, out: Optional[Path] = None) -> list:
+def execute(path: Path, profile: str, timeout: float, out: Optional[Path] = None) -> list:
     """Run `path` (or its copy in `out`/<stem>/) and save it; (seconds, cell index) per code cell.
 
-    A cell past `timeout` seconds is a SystemExit naming the page and the cell.
+    A cell that fails or runs past `timeout` seconds is a SystemExit naming the page and the
+    cell. A copy in `out` stays only once it is executed and saved: any failure, Ctrl-C or
+    SIGTERM removes it.
     """
-    if out is not None:
-        folder = out / path.stem
+    if out is None:
+        return _run(path, profile, timeout)
+    folder = out / path.stem
+    made = not folder.exists()
+    try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = Path(shutil.copy(path, folder))
+        copy = Path(shutil.copy(path, folder))
+    except OSError as e:
+        raise SystemExit(f"--out {out}: cannot copy {path.name} there: {e.strerror or e}") from None
+    try:
+        return _run(copy, profile, timeout)
+    except BaseException:
+        copy.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _run(path: Path, profile: str, timeout: float) -> list:
     nb = nbformat.read(path, as_version=4)
     os.environ["MGPU_PROFILE"] = profile
     times, started = [], {}
@@ -85,7 +104,12 @@ def execute(path: Path, profile: str, timeout: int, out: Optional[Path] = None) 
     except CellTimeoutError:
         cell = nb.cells[started["i"]]
         raise SystemExit(f"{path.name}: cell {started['i']} ({first_line(cell)!r}) ran past "
-                         f"the {timeout} s per-cell timeout under profile {profile}") from None
+                         f"the {timeout:g} s per-cell timeout under profile {profile}") from None
+    except CellExecutionError as e:
+        cell = nb.cells[started["i"]]
+        why = (f"{e.ename}: {e.evalue}".splitlines() or [e.ename])[0][:200]
+        raise SystemExit(f"{path.name}: cell {started['i']} ({first_line(cell)!r}) failed "
+                         f"under profile {profile}: {why}") from None
     problems = clean(nb)
     if problems:
         raise SystemExit(f"{path}: not saved: " + "; ".join(problems))
@@ -112,7 +136,7 @@ def main(argv=None) -> int:
     p = Parser(prog="tools/execute_notebook.py", description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "full"])
-    p.add_argument("--timeout", type=argtype(POSITIVE_INT), default=3600,
+    p.add_argument("--timeout", type=argtype(TIMEOUT), default=3600.0,
                    help="seconds per cell (default 3600)")
     p.add_argument("--out", type=Path, help="run copies in this folder, not in place")
     p.add_argument("--slowest", type=argtype(COUNT), default=0,
@@ -123,8 +147,34 @@ def main(argv=None) -> int:
             check_notebook(path)
         except ValueError as e:
             p.error(str(e))
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        p.error(f"--out {args.out}: not a folder")
+    if args.out is not None:
+        check_out(p, args.out, args.notebooks)
+    with sigterm_interrupts():
+        try:
+            run_all(args)
+        except KeyboardInterrupt as e:             # Ctrl-C, SIGTERM: the copy in progress is gone
+            p.exit(getattr(e, "exit_code", 130), f"{p.prog}: {str(e) or 'interrupted'}; "
+                                                 "stopped\n")
+    return 0
+
+
+def check_out(p: Parser, out: Path, notebooks: list) -> None:
+    """--out before anything runs: a folder this process can write, and one copy per name."""
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: not a folder")
+    parent = next(d for d in [out, *out.parents] if d.exists())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        p.error(f"--out {out}: permission denied")
+    stems: dict = {}
+    for path in notebooks:
+        stems.setdefault(path.stem, []).append(str(path))
+    same = next((paths for paths in stems.values() if len(paths) > 1), None)
+    if same:
+        p.error(f"--out {out}: {' and '.join(same)} would share one copy "
+                f"({out / Path(same[0]).stem}); run them into separate folders")
+
+
+def run_all(args) -> None:
     for path in args.notebooks:
         t0 = time.perf_counter()
         times = execute(path, args.profile, args.timeout, args.out)
@@ -133,7 +183,6 @@ def main(argv=None) -> int:
         nb = nbformat.read(path, as_version=4)
         for seconds, i in sorted(times, reverse=True)[:args.slowest]:
             print(f"    cell {i}: {seconds:5.1f} s  {first_line(nb.cells[i])}")
-    return 0
 
 
 if __name__ == "__main__":

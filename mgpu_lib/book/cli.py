@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from contextlib import nullcontext, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -401,16 +401,28 @@ def _terminated(signum, frame):
     raise Terminated("terminated (SIGTERM)")
 
 
+@contextmanager
+def sigterm_interrupts():
+    """While inside, SIGTERM raises `Terminated` (a KeyboardInterrupt), so `finally` blocks run
+    and the command says what it stopped. The main thread only (signals go there)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _open_std_streams()
     args = build_parser().parse_args(argv)
     # a DDP worker's reader is its supervisor: once that is gone, the worker should stop too
     out = _Stdout(sys.stdout) if args.command != "worker" else sys.stdout
     # a worker is torchrun's to stop; elsewhere SIGTERM says what it stopped, as Ctrl-C does
-    term = (args.command != "worker" and threading.current_thread() is threading.main_thread())
-    previous = signal.signal(signal.SIGTERM, _terminated) if term else None
     try:
-        with redirect_stdout(out):
+        with redirect_stdout(out), (sigterm_interrupts() if args.command != "worker"
+                                    else nullcontext()):
             try:
                 code = COMMANDS[args.command](args)
             finally:
@@ -427,9 +439,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m mgpu_lib {args.command}: {str(e) or 'interrupted (Ctrl-C)'}; "
               "stopped, no result written for the run in progress", file=sys.stderr)
         return getattr(e, "exit_code", 130)
-    finally:
-        if term:
-            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
