@@ -748,3 +748,20 @@ def test_execute_notebook_checks_out_before_running(tmp_path, capsys, monkeypatc
     argv = {"same name": [str(a), str(b)], "read-only": [str(a)],
             "timeout 1e308": [str(a), "--timeout", "1e308"]}[case] + ["--out", str(out)]
     assert _refused(tool, argv, out if case == "read-only" else None, capsys, says)
+
+
+def test_gpu_check_dry_run_says_a_foreign_out(tmp_path, capsys, monkeypatch):
+    """Before (issue 39): `gpu_check --dry-run --out <a sweep store>` planned without a word of
+    the store the real run would refuse."""
+    spec = importlib.util.spec_from_file_location("gpu_check_dry", REPO / "tools" / "gpu_check.py")
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool          # dataclasses look their module up there
+    spec.loader.exec_module(tool)
+    store = tmp_path / "sweep.jsonl"
+    results.append(store, make_result().to_dict())
+    code = tool.main(["--dry-run", "--spec", "H200 SXM", "--profile", "smoke", "--out", str(store)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "predicted total" in out and "holds run records" in one_line(err)
+    assert tool.main(["--dry-run", "--spec", "H200 SXM", "--profile", "smoke",
+                      "--out", str(tmp_path / "new.jsonl")]) == 0
+    assert not (tmp_path / "new.jsonl").exists()                 # a dry run makes nothing

@@ -836,14 +836,16 @@ def main(argv=None, started: Optional[float] = None) -> int:
         return 2
     if args.dry_run:
         print_plan(check)
-        return 0
-    try:     # both stores, before any stage runs: a file that is no store, or another kind's
-        check_writable(check.out, store=True, kind="gpu_check stage")
+    try:     # both stores, before any stage runs (a --dry-run says it too): a file that is no
+        check_writable(check.out, store=True, kind="gpu_check stage")    # store, another kind's
         check_writable(ex1_store(check), store=True, kind="run")
-        check.out.parent.mkdir(parents=True, exist_ok=True)
+        if not args.dry_run:
+            check.out.parent.mkdir(parents=True, exist_ok=True)
     except (ResultsError, OSError) as e:
         print(f"gpu_check: error: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return 0
     print(header(check, plan(check)), flush=True)
     print(f"gpu_check: records to {check.out}", flush=True)
     try:
