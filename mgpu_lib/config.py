@@ -27,13 +27,11 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Optional, Union
 
-import psutil
 import torch
 from torch import nn
 
 from .data import SOURCES
-from .devices import autocast_dtype, cpu_bf16_support, num_gpus
-from .model import check_width, train_bytes
+from .devices import autocast_dtype, cpu_bf16_support
 
 SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
 
@@ -177,39 +175,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def usable_memory(device=None) -> int:
-    """Bytes `device` can hold (default: the first GPU where CUDA exists, else the CPU): a GPU's
-    memory, or the host's available memory, less where this process has an address-space limit
-    (`ulimit -v`)."""
-    device = torch.device(device if device is not None else "cuda" if num_gpus() else "cpu")
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device.index or 0).total_memory
-    free = psutil.virtual_memory().available
-    if hasattr(psutil, "RLIMIT_AS"):                 # Linux and BSD: setrlimit's, via psutil
-        process = psutil.Process()
-        soft = process.rlimit(psutil.RLIMIT_AS)[0]
-        if soft != psutil.RLIM_INFINITY:
-            free = min(free, max(0, soft - process.memory_info().vms))
-    return free
-
-
-def check_fits(width: int, batch: int, devices: Optional[int] = None,
-               available: Optional[int] = None) -> None:
-    """The one bound on a network and its batch, checked before anything is allocated (`train`,
-    `sweep`, `bench`, the tools): a one-line ValueError when training `width` at `batch`, split
-    over `devices`, needs more than `available` bytes (default `usable_memory()`). It names the
-    batch when even a width-1 network cannot take it, else the width (`model.check_width`)."""
-    free = usable_memory() if available is None else available
-    n = devices or max(1, num_gpus())
-    if train_bytes(1, -(-batch // n)) > free:
-        fixed = train_bytes(width, 0)                # weights; each image adds the same
-        largest = max(0, free - fixed) // (train_bytes(width, 1) - fixed) * n
-        raise ValueError(f"batch {batch:,} needs about {train_bytes(1, -(-batch // n)) / 1e9:,.0f}"
-                         f" GB even at width 1, and this machine has {free / 1e9:.1f} GB; the "
-                         f"largest batch that fits width {width} is {largest:,}")
-    check_width(width, batch, devices, available=free)
 
 
 AUTO = "auto"

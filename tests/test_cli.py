@@ -591,13 +591,13 @@ def test_the_bound_counts_the_process_address_space_limit(capsys, monkeypatch):
     """Before (issue 39): under `ulimit -v 4000000`, `train --width 300 --batch-size 64` passed
     the bound (the machine's memory) and died allocating, a traceback."""
     from types import SimpleNamespace
-    from mgpu_lib import config
-    if not hasattr(config.psutil, "RLIMIT_AS"):
+    from mgpu_lib.lab import bench as benches
+    if not hasattr(benches.psutil, "RLIMIT_AS"):
         pytest.skip("no address-space limits on this platform")
     fake = SimpleNamespace(rlimit=lambda which: (4_000_000 * 1024, 4_000_000 * 1024),
                            memory_info=lambda: SimpleNamespace(vms=3_500_000_000))
-    monkeypatch.setattr(config.psutil, "Process", lambda: fake)
-    monkeypatch.setattr(config, "num_gpus", lambda: 0)
+    monkeypatch.setattr(benches.psutil, "Process", lambda: fake)
+    monkeypatch.setattr(benches, "num_gpus", lambda: 0)
     monkeypatch.setattr(cli, "train", no_training)
     code, _, err = run(capsys, *TRAIN, "--width", "300", "--batch-size", "64")
     assert code == 2 and "width 300 at batch 64 needs about" in one_line(err)

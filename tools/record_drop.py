@@ -13,7 +13,8 @@ import sys
 
 from mgpu_lib.book.cli import Parser, argtype, seed_list
 from mgpu_lib.book.store import append, check_writable, read
-from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER, check_fits
+from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
+from mgpu_lib.lab.bench import check_fits
 from mgpu_lib.data import DataError
 from mgpu_lib.devices import DeviceError
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, KIND, run_seed

@@ -28,15 +28,14 @@ from contextlib import contextmanager, nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..lab.bench import bench, format_bench
+from ..lab.bench import bench, check_fits, format_bench
 from ..data import DataError
 from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, run
 from ..devices import DeviceError, num_gpus
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable, save_result
-from ..config import (COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, check_fits, flag_name,
-                      on_cli)
+from ..config import COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, flag_name, on_cli
 from ..lab.launcher import LOG, LaunchError, launch
 from .sweep import (MAX_POINTS, count_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)

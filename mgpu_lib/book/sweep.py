@@ -29,10 +29,10 @@ import torch
 from . import store as results
 from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
-from ..config import (COUNT, NONNEGATIVE_NUMBER, SEED, SWITCH_FIELDS, Check, check_fits,
-                      flag_name, on_cli)
+from ..config import COUNT, NONNEGATIVE_NUMBER, SEED, SWITCH_FIELDS, Check, flag_name, on_cli
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
+from ..lab.bench import check_fits
 from ..lab.launcher import LaunchError, launch
 from ..perf.runtime import Job
 from ..training import METRICS, TrainConfig, TrainResult, train

@@ -22,10 +22,9 @@ from torch import nn
 from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
-from ..model import resnet18, train_bytes, train_flops
+from ..model import check_width, resnet18, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
-from ..config import (AUTO, REFERENCE, Switches, check_fits, native_bf16, prepare_model,
-                      resolve_switches, usable_memory)
+from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
 
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
@@ -155,6 +154,39 @@ def bench_device(device=None) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise DeviceError(f"bench supports cpu and cuda devices, got {device}")
     return device
+
+
+def usable_memory(device=None) -> int:
+    """Bytes `device` can hold (default: the first GPU where CUDA exists, else the CPU): a GPU's
+    memory, or the host's available memory, less where this process has an address-space limit
+    (`ulimit -v`)."""
+    device = torch.device(device if device is not None else "cuda" if num_gpus() else "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    free = psutil.virtual_memory().available
+    if hasattr(psutil, "RLIMIT_AS"):                 # Linux and BSD: setrlimit's, via psutil
+        process = psutil.Process()
+        soft = process.rlimit(psutil.RLIMIT_AS)[0]
+        if soft != psutil.RLIM_INFINITY:
+            free = min(free, max(0, soft - process.memory_info().vms))
+    return free
+
+
+def check_fits(width: int, batch: int, devices: Optional[int] = None,
+               available: Optional[int] = None) -> None:
+    """The one bound on a network and its batch, checked before anything is allocated (`train`,
+    `sweep`, `bench`, the tools): a one-line ValueError when training `width` at `batch`, split
+    over `devices`, needs more than `available` bytes (default `usable_memory()`). It names the
+    batch when even a width-1 network cannot take it, else the width (`model.check_width`)."""
+    free = usable_memory() if available is None else available
+    n = devices or max(1, num_gpus())
+    if train_bytes(1, -(-batch // n)) > free:
+        fixed = train_bytes(width, 0)                # weights; each image adds the same
+        largest = max(0, free - fixed) // (train_bytes(width, 1) - fixed) * n
+        raise ValueError(f"batch {batch:,} needs about {train_bytes(1, -(-batch // n)) / 1e9:,.0f}"
+                         f" GB even at width 1, and this machine has {free / 1e9:.1f} GB; the "
+                         f"largest batch that fits width {width} is {largest:,}")
+    check_width(width, batch, devices, available=free)
 
 
 # a synthetic image while it is made: its float32 template, noise and sum (uint8 once made)
