@@ -201,6 +201,12 @@ def test_a_datasheet_is_matched_by_whole_words(name, sheet):
     assert (spec and spec.name) == sheet
 
 
+def test_every_datasheet_is_found_by_its_own_name():
+    """Page 08 and exercise 1 describe machines by the datasheets' names."""
+    from mgpu_lib.perf.scaling import DEVICES
+    assert all(diagnose.datasheet(name) is spec for name, spec in DEVICES.items())
+
+
 def test_a_gpu_without_a_datasheet_is_said_so():
     f = Facts(devices=("NVIDIA RTX A1000",) * 2)
     assert diagnose.machine(f) is None

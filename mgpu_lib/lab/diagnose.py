@@ -109,6 +109,8 @@ def datasheet(name: str) -> Optional[DeviceSpec]:
     whole words after normalizing: the chip must be the datasheet's ("RTX A1000" is no A100,
     "T400" no T4), and a form factor or memory size the name states must be the datasheet's
     ("A100-SXM4-40GB" is not the 80 GB one, "H100 PCIe" not the SXM5). None: no datasheet."""
+    if name in DEVICES:                          # a datasheet's own name
+        return DEVICES[name]
     words = _words(name)
     for spec in DEVICES.values():
         key = _words(spec.name.split(" (")[0])
