@@ -45,3 +45,22 @@ clean:
 .PHONY: gpu-check
 gpu-check: $(STAMP)
 	$(BIN)/python tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# make floors: every dependency at its declared floor (constraints/floors.txt, checked against
+# pyproject.toml by tests/test_floors.py) in its own .venv-floors on Python 3.9, the declared floor
+# (FLOORS_PYTHON=... names another interpreter), then the fast tests and the DDP smoke: 10 short
+# DDP trains in a row, each of which must end with its result file within a minute (issue 41).
+FLOORS_PYTHON ?= python3.9
+FLOORS        := .venv-floors
+.PHONY: floors
+floors: $(FLOORS)/.installed
+	PATH="$(abspath $(FLOORS))/bin:$$PATH" $(FLOORS)/bin/python -m pytest -m "not slow" tests
+	PATH="$(abspath $(FLOORS))/bin:$$PATH" $(FLOORS)/bin/python tools/ddp_smoke.py --runs 10 \
+	    --timeout 60 --out runs/ddp_smoke
+
+$(FLOORS)/.installed: pyproject.toml constraints/floors.txt
+	test -x $(FLOORS)/bin/python || $(FLOORS_PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/python -m pip install --quiet --upgrade pip
+	PYTHONWARNINGS="ignore:Editable installation" $(FLOORS)/bin/python -m pip install --quiet \
+	    -c constraints/floors.txt -e '.[dev]'
+	touch $@
