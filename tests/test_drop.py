@@ -28,3 +28,15 @@ def test_late_swing_is_the_largest_fall_in_the_second_half():
     assert late_swing([0.1, 0.5, 0.9, 0.8, 0.85, 0.6, 0.9, 0.88]) == \
         __import__("pytest").approx(0.25)
     assert late_swing([0.1, 0.2, 0.3, 0.4]) == 0.0
+
+
+def test_each_run_is_saved_as_it_ends_with_batchnorm_readings_at_the_last_epoch():
+    saved = []
+    records = run_seed(0, width=4, batch_size=16, lr=0.1, num_epochs=2, train_limit=64,
+                       test_limit=20, source="synthetic", conditions=("reused",),
+                       save=saved.append)
+    assert [r["condition"] for r in records] == ["reused"] and saved == records  # no "first"
+    (r,) = records
+    assert len(r["test_acc"]) == 2
+    for key in ("test_acc_batch", "test_acc_recal", "train_acc_recal"):
+        assert len(r[key]) == 1 and 0 <= r[key][0] <= 1

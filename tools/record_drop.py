@@ -3,8 +3,8 @@
     python tools/record_drop.py --seeds 0,1,2 --out runs/drop_cpu.jsonl
     python tools/record_drop.py --width 64 --train-limit 0 --seeds 0-4   # the chapter's scale
 
-Each seed's four runs are appended to the store as they finish, so an interrupted run keeps
-what it did and a rerun skips the seeds already stored. The book ships the CPU record as
+Each run is appended to the store as it finishes, so an interrupted command keeps what it did
+and a rerun skips the runs already stored. The book ships the CPU record as
 mgpu_lib/recorded/drop_cpu.jsonl; tools/gpu_check.py runs the chapter's scale on a GPU.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
 
 def record(args, conditions: list) -> None:
-    """Each seed's runs not in the store yet, appended as they finish."""
+    """Each seed's runs not in the store yet, each appended as it finishes."""
     out = check_writable(args.out, store=True, kind=KIND)
     for seed in args.seeds:
         done = {r.get("condition") for r in read(out) if r["config"]["seed"] == seed}
@@ -55,12 +55,10 @@ def record(args, conditions: list) -> None:
         if not todo:
             print(f"seed {seed}: stored already", flush=True)
             continue
-        records = run_seed(seed, width=args.width, batch_size=args.batch_size, lr=args.lr,
-                           num_epochs=args.epochs, train_limit=args.train_limit or None,
-                           test_limit=args.test_limit or None, conditions=todo,
-                           log=lambda line: print(line, flush=True))
-        for rec in records:
-            append(out, rec)
+        run_seed(seed, width=args.width, batch_size=args.batch_size, lr=args.lr,
+                 num_epochs=args.epochs, train_limit=args.train_limit or None,
+                 test_limit=args.test_limit or None, conditions=todo,
+                 log=lambda line: print(line, flush=True), save=lambda rec: append(out, rec))
 
 
 if __name__ == "__main__":

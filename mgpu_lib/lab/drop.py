@@ -59,46 +59,54 @@ def reset_like_mxnet(net: nn.Module) -> nn.Module:
 def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: int,
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
              conditions=CONDITIONS, devices=None,
-             log: Optional[Callable[[str], None]] = None) -> list[dict]:
+             log: Optional[Callable[[str], None]] = None,
+             save: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """The runs of one seed (`conditions`: of CONDITIONS and EXTRA), each a record with its
-    per-epoch test accuracy. `seed` seeds the weights and the data order (the same images, in the
-    same order, for every run at one batch size); `width` 64 is the chapter's. The runs at B use
-    `batch_size`, `lr` and the first of `devices` (default: the CPU); those at 2B twice both and
-    all of them, as the chapter's two calls do."""
+    per-epoch test accuracy and, at the last epoch, BatchNorm's readings (`bn_accuracies`).
+    `seed` seeds the weights and the data order (the same images, in the same order, for every
+    run at one batch size); `width` 64 is the chapter's. The runs at B use `batch_size`, `lr` and
+    the first of `devices` (default: the CPU); those at 2B twice both and all of them, as the
+    chapter's two calls do. `save` gets each record as its run ends (a store keeps what is done);
+    "reused" trains "first" again when only it is asked for, and returns only what was asked."""
     devices = list(devices or [torch.device("cpu")])
     data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
                                   test_limit=test_limit, seed=seed)
             for b in (batch_size, 2 * batch_size)}
     setting = dict(width=width, num_epochs=num_epochs, train_limit=train_limit,
                    test_limit=test_limit, seed=seed)
-
     sample = fixed_sample(data[batch_size][0])       # the same images for every run
+    records = []
 
-    def one(condition: str, net: nn.Module, scale: int) -> dict:
+    def one(condition: str, net: nn.Module, scale: int) -> None:
         train_iter, test_iter = data[scale * batch_size]
         used = devices[:1] if scale == 1 else devices
+        epoch = iter(range(1, num_epochs + 1))       # the readings cost a pass: last epoch only
         out = train(net, used, train_iter, test_iter, scale * lr, num_epochs,
-                    check_bn=lambda model: bn_accuracies(model, test_iter, sample))
+                    check_bn=lambda model: (bn_accuracies(model, test_iter, sample)
+                                            if next(epoch) == num_epochs else {}))
         config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
         rec = {**record_header(hardware=describe_devices(used), profile=None, config=config),
                "kind": KIND, "condition": condition, "data_source": train_iter.source, **out}
         if log is not None:
             log(f"seed {seed}, {condition}: test acc " +
-                " ".join(f"{a:.3f}" for a in out["test_acc"]) + "; recomputed BN " +
-                " ".join(f"{a:.3f}" for a in out["test_acc_recal"]))
-        return rec
+                " ".join(f"{a:.3f}" for a in out["test_acc"]) +
+                f"; recomputed BN {out['test_acc_recal'][-1]:.3f}")
+        if condition in conditions:
+            records.append(rec)
+            if save is not None:
+                save(rec)
 
-    records = []
-    if {"first", "reused"} & set(conditions):
-        torch.manual_seed(seed)
-        net = lazy_resnet18(width=width)
-        records = [one("first", net, 1), one("reused", net, 2)]
     for condition, scale in (("fresh", 2), ("fresh_small", 1), ("first_large", 2)):
         if condition in conditions:
             torch.manual_seed(seed)
             net = lazy_resnet18(width=width)
-            start = net if condition == "first_large" else reset_like_mxnet(net)
-            records.append(one(condition, start, scale))
+            one(condition, net if condition == "first_large" else reset_like_mxnet(net), scale)
+    if {"first", "reused"} & set(conditions):
+        torch.manual_seed(seed)
+        net = lazy_resnet18(width=width)
+        one("first", net, 1)
+        if "reused" in conditions:
+            one("reused", net, 2)
     return records
 
 
