@@ -1,12 +1,16 @@
-"""DistributedDataParallel: one process per device, gradients all-reduced during backward.
+"""DistributedDataParallel as one program: one process per device, gradients all-reduced
+during backward.
 
-    python -m mgpu_lib train --strategy ddp --nprocs 2 --profile smoke --checkpoint ckpt --resume
-    torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke --epochs 3 --batch-size 64
+    torchrun --standalone --nproc_per_node=2 -m mgpu_lib.ddp --epochs 1 --width 8 \
+        --train-limit 2000 --test-limit 500 --batch-size 32 --lr 0.05 --allow-synthetic
+    python -m mgpu_lib train --strategy ddp --nprocs 2     # the same program, via the launcher
 
-The difference from `training.train` is small on purpose: a process group, a `DistributedSampler`
-shard of the data per rank, the model wrapped in `DistributedDataParallel`, and rank 0 alone
-evaluating, logging and saving; the epoch loop is `training.fit`. Without CUDA the backend is gloo
-and each process gets its share of the CPU threads, so N processes act as N "virtual devices".
+As in pytorch/examples' DDP tutorial series, the difference from the one-process loop
+(`training.train`) is small on purpose: a process group, each rank's `DistributedSampler` shard
+of the data (`set_epoch` every epoch), the model wrapped in `DistributedDataParallel`, and rank 0
+alone evaluating, saving and printing; the epoch loop is `training.fit`. Without CUDA the backend
+is gloo and each process gets its share of the CPU threads, so N processes act as N "virtual
+devices".
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import os
 import textwrap
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -24,9 +28,9 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .data import DataError, DeviceLoader, load_subsets, shard_indices  # noqa: F401 (page 05)
+from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
-from .config import prepare_model, resolve_switches
+from .config import FLAG, flag_name, on_cli, prepare_model, resolve_switches
 from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
                        make_step, not_a_file, write_atomic)
 
@@ -200,105 +204,152 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
     return state["epoch"]
 
 
-# ---- one rank ---------------------------------------------------------------------------------
+# ---- the program ------------------------------------------------------------------------------
 
-@record     # an exception goes to this rank's TORCHELASTIC_ERROR_FILE, for `launcher.failure`
-def run(config: TrainConfig, **kw) -> Optional[TrainResult]:
-    """Train as one rank of a torchrun job (RANK, WORLD_SIZE, LOCAL_RANK in the environment);
-    keywords as `_run`. Bad input (missing data, a bad checkpoint) is raised as a
-    `RankInputError`, so that the launcher reads a user error from the rank's error file."""
-    try:
-        return _run(config, **kw)
-    except (ValueError, DataError, DeviceError) as e:
-        raise RankInputError(str(e)) from e
+LOG = "rank 0: "     # rank 0's lines start with this (torchrun mixes every rank's output)
 
 
-def _run(config: TrainConfig, *, backend: str = "auto", checkpoint=None, resume: bool = False,
-         timeout_s: float = COLLECTIVE_TIMEOUT_S, threads: Optional[int] = None,
-         log: Optional[Callable[[str], None]] = None) -> Optional[TrainResult]:
-    """On CPU each process uses `threads` threads, by default its share of this node's cores.
-    `timeout_s` bounds how long a collective waits for a silent rank. Returns the `TrainResult`
-    on rank 0 (which also calls `log` with its progress lines), else None."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if checkpoint and not resume:
-        check_fresh(checkpoint)      # before any rendezvous: every rank refuses alike
-    if checkpoint and rank == 0:     # rank 0 alone saves, and is not saving yet
-        remove_partial_checkpoints(checkpoint)
+def setup(backend: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> torch.device:
+    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, ...): this rank's device, its GPU with nccl, else the CPU with this rank's
+    share of the cores (unless OMP_NUM_THREADS says). `timeout_s` bounds how long a collective
+    waits for a silent rank."""
     backend = choose_backend(backend)
-    local_batch = local_batch_size(config.batch_size, world)   # fail before any rendezvous
     if backend == "nccl":
-        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(threads or cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE",
-                                                                         world))))
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    # No `finally`: after an exception the process exits, and destroying the group first could
-    # wait on a peer, delaying the error file that tells the launcher which rank failed.
-    result = _fit(config, rank, world, backend, device, local_batch, checkpoint, resume,
-                  log if rank == 0 else None)
-    dist.destroy_process_group()
-    return result if rank == 0 else None
+    return device
 
 
-def _load_shards(config: TrainConfig, rank: int, world: int, local_batch: int, device):
+def load_shards(config: TrainConfig, device, rank: int, world: int):
+    """This rank's shard of the training data (`set_epoch` picks the epoch's) and the test set."""
     if rank != 0:
         dist.barrier()               # rank 0 downloads (if needed) before the others read
     xtr, ytr, xte, yte, origin = load_subsets(config.data_source, None, config.allow_synthetic,
                                               config.train_limit, config.test_limit)
     if rank == 0:
         dist.barrier()
-    train_iter = DeviceLoader(xtr, ytr, local_batch, shuffle=True, device=device,
-                              seed=config.seed, source=origin, drop_last=True, rank=rank,
-                              world_size=world)
+    train_iter = DeviceLoader(xtr, ytr, local_batch_size(config.batch_size, world),
+                              shuffle=True, device=device, seed=config.seed, source=origin,
+                              drop_last=True, rank=rank, world_size=world)
     test_iter = DeviceLoader(xte, yte, config.batch_size, shuffle=False, device=device,
                              source=origin)
     return train_iter, test_iter
 
 
-def _fit(config, rank, world, backend, device, local_batch, checkpoint, resume, log
-         ) -> TrainResult:
-    train_iter, test_iter = _load_shards(config, rank, world, local_batch, device)
-    switches = resolve_switches(config, device)   # the fast path's layout and precision
-    # same seed on every rank; DDP also broadcasts rank 0's weights
-    net = prepare_model(make_model(config, device), switches)
+def train(config: TrainConfig, device, checkpoint=None, resume: bool = False) -> TrainResult:
+    """Train `config` as one rank of the group `setup` joined; every rank returns the result,
+    rank 0's with the test accuracies. `checkpoint`: a folder rank 0 saves into after every
+    epoch; `resume` continues from its checkpoint. (Page 05 shows this as a diff over the
+    one-process `training.train`.)"""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    switches = resolve_switches(config, device)
+    train_iter, test_iter = load_shards(config, device, rank, world)
+    net = prepare_model(make_model(config, device), switches)   # same seed on every rank
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    result = TrainResult.create(
-        config, hardware=f"DDP, {world} {backend} process{'es' if world > 1 else ''}, each on "
-        f"{describe_devices([device])}", num_devices=world, data_source=train_iter.source,
-        steps_per_epoch=len(train_iter),
-        extra={"strategy": "ddp", "world_size": world, "backend": backend,
-               "local_batch_size": local_batch, "threads_per_process": torch.get_num_threads(),
-               "switches": switches.to_dict()})
-    start = 0
+    result = TrainResult.create(config, hardware=describe_job(device),
+                                num_devices=world,
+                                data_source=train_iter.source,
+                                steps_per_epoch=len(train_iter),
+                                extra={"switches": switches.to_dict(), **job_extra(train_iter)})
     state = load_checkpoint(checkpoint, config, world) if checkpoint and resume else None
-    if state is not None:
-        start = restore(state, net, optimizer, result)
-    elif resume and log:
-        log("no checkpoint to resume from; starting at epoch 1")
+    start = restore(state, net, optimizer, result) if state else 0
 
     def before_epoch(epoch: int) -> None:
-        train_iter.set_epoch(epoch)
+        train_iter.set_epoch(epoch)  # a new shuffle, split anew over the ranks
         dist.barrier()               # start the clock together (rank 0 was evaluating)
 
-    def on_epoch(r: TrainResult) -> None:
+    def after_epoch(r: TrainResult) -> None:
         if checkpoint:
             save_checkpoint(checkpoint, net, optimizer, config, world, r)
-        if log:
-            log(f"epoch {len(r.train_loss)}/{config.num_epochs}: loss {r.train_loss[-1]:.3f}, "
-                f"train acc {r.train_acc[-1]:.3f}, test acc {r.test_acc[-1]:.3f}, "
-                f"{r.epoch_seconds[-1]:.2f} s")
-
-    fit(make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches), train_iter, result,
-        model=model, num_epochs=config.num_epochs, devices=[device], start_epoch=start,
+        print(LOG + epoch_line(r), flush=True)
+    fit(make_step(model, optimizer, nn.CrossEntropyLoss(), device,
+                  switches), train_iter, result, model=model, start_epoch=start,
+        num_epochs=config.num_epochs, devices=[device], before_epoch=before_epoch,
         # every rank sees the same totals, so all of them stop together on a divergence
-        reduce=dist.all_reduce, before_epoch=before_epoch,
-        # the unwrapped net: evaluation needs no collectives
+        reduce=dist.all_reduce, on_epoch=after_epoch if rank == 0 else None,
+        # rank 0 alone evaluates (the unwrapped net: no collectives), saves and prints
         evaluate=(lambda: evaluate_accuracy(net, test_iter, switches=switches))
-        if rank == 0 else None,
-        on_epoch=on_epoch if rank == 0 else None)
-    if log:
-        log(result.summary())
+        if rank == 0 else None)
     return result
+
+
+def describe_job(device) -> str:
+    world, backend = dist.get_world_size(), dist.get_backend()
+    return (f"DDP, {world} {backend} process{'es' if world > 1 else ''}, each on "
+            f"{describe_devices([device])}")
+
+
+def job_extra(train_iter) -> dict:
+    return {"strategy": "ddp", "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "local_batch_size": train_iter.batch_size,
+            "threads_per_process": torch.get_num_threads()}
+
+
+def epoch_line(r: TrainResult) -> str:
+    return (f"epoch {len(r.train_loss)}/{r.config['num_epochs']}: loss {r.train_loss[-1]:.3f}, "
+            f"train acc {r.train_acc[-1]:.3f}, test acc {r.test_acc[-1]:.3f}, "
+            f"{r.epoch_seconds[-1]:.2f} s")
+
+
+@record     # an exception goes to this rank's error file (TORCHELASTIC_ERROR_FILE)
+def main(config: TrainConfig, out: Optional[str] = None, checkpoint: Optional[str] = None,
+         resume: bool = False, backend: str = "auto",
+         timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """One rank of a torchrun job: train `config` (the global batch split over the ranks);
+    rank 0 saves the result as JSON to `out`, then prints its summary. Bad input (missing data,
+    a bad checkpoint, an uneven batch) is raised as a `RankInputError`."""
+    try:
+        local_batch_size(config.batch_size, int(os.environ["WORLD_SIZE"]))  # before rendezvous
+        if checkpoint and not resume:
+            check_fresh(checkpoint)
+        if checkpoint and int(os.environ["RANK"]) == 0:     # rank 0 alone saves
+            remove_partial_checkpoints(checkpoint)
+        result = train(config, setup(backend, timeout_s), checkpoint, resume)
+    except (ValueError, DataError, DeviceError) as e:
+        raise RankInputError(str(e)) from e
+    if dist.get_rank() == 0:
+        if out:                      # saved first: the job may be stopped once it exists
+            write_atomic(out, json.dumps(result.to_dict()))
+        print(LOG + result.summary(), flush=True)
+    # No `finally`: after an exception the process exits, and destroying the group first could
+    # wait on a peer, delaying the error file that names the failed rank.
+    dist.destroy_process_group()
+
+
+def parse_args(argv=None):
+    """`main`'s arguments from the command line: a flag per `TrainConfig` setting, on top of
+    `--config` (a TrainConfig as JSON, as the launcher passes it)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
+                                     description=__doc__.splitlines()[0])
+    settings = [f for f in on_cli(TrainConfig) if f.name != "devices"]   # --nproc_per_node
+    for f in settings:
+        flag = f.metadata["check"] is FLAG          # alone: true
+        parser.add_argument(flag_name(f), dest=f.name, type=f.metadata["check"].parse,
+                            nargs="?" if flag else None, const=True if flag else None,
+                            help=f.metadata["help"])
+    parser.add_argument("--config", help="a TrainConfig as JSON; the flags override it")
+    parser.add_argument("--out", help="rank 0 writes the result here (JSON)")
+    parser.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    parser.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    parser.add_argument("--timeout", type=float, default=COLLECTIVE_TIMEOUT_S,
+                        help="seconds a collective waits for a silent rank")
+    args = parser.parse_args(argv)
+    if "WORLD_SIZE" not in os.environ:
+        parser.error("run this under torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...")
+    base = json.loads(Path(args.config).read_text(encoding="utf-8")) if args.config else {}
+    given = {f.name: getattr(args, f.name) for f in settings if getattr(args, f.name) is not None}
+    return (TrainConfig(**{**base, **given}), args.out, args.checkpoint, args.resume,
+            args.backend, args.timeout)
+
+
+if __name__ == "__main__":
+    main(*parse_args())

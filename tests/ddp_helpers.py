@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
 
 from mgpu_lib.book.profiles import get_profile
-from mgpu_lib.lab import launcher
+from mgpu_lib.lab import failures, launcher
 from mgpu_lib.training import TrainConfig
 
 # On PYTHONPATH, this folder's sitecustomize makes a DDP worker raise MGPU_TEST_RAISE.
@@ -31,11 +31,11 @@ def tiny(**kw) -> TrainConfig:
 
 
 def workers() -> list:
-    """The DDP workers below this test process."""
+    """The DDP ranks below this test process (torchrun gives each a RANK)."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "RANK" in p.environ() and "worker" in p.cmdline():
+            if "RANK" in p.environ():
                 found.append(p)
         except psutil.Error:
             continue
@@ -76,10 +76,10 @@ def write_error_file(log_dir: Path, rank: int, error: BaseException, monkeypatch
 
 def failed(log_dir: Path, rank: int, monkeypatch, error: BaseException = None,
            exitcode: int = 1, pid: int = 0) -> dict:
-    """Rank `rank`'s failure as the launcher's agent records it: torch's `ProcessFailure`, read
-    from the error file `error` was recorded in, or (no `error`) from the exit code alone."""
+    """Rank `rank`'s failure as the launcher records it: torch's `ProcessFailure`, read from
+    the error file `error` was recorded in, or (no `error`) from the exit code alone."""
     path = write_error_file(log_dir, rank, error, monkeypatch) if error else log_dir / "none"
-    return launcher.failure_record(rank, ProcessFailure(rank, pid or 100 + rank, exitcode,
+    return failures.failure_record(rank, ProcessFailure(rank, pid or 100 + rank, exitcode,
                                                         str(path)))
 
 

@@ -1,10 +1,15 @@
 """DDP on gloo processes, CPU only: the arithmetic, one step against one process, sharding,
-two "nodes" on one machine, a killed worker and resume, checkpoints, and the CLI."""
+the DDP program under torchrun (standalone and as two "nodes"), a killed rank and resume, how a
+failed rank is named, checkpoints, and the CLI."""
+import ast
+import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -17,10 +22,13 @@ from torch import nn
 
 from mgpu_lib.book.store import load_result
 from mgpu_lib import ddp
+from mgpu_lib.data import shard_indices
 from mgpu_lib.lab import launcher
 from mgpu_lib.perf import scaling
 from mgpu_lib.book.cli import main
 from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddp_helpers import failed, rank_pid, source, tiny
 
@@ -44,17 +52,17 @@ def test_batch_split_and_threads():
 @pytest.mark.parametrize("n,world", [(4000, 2), (1000, 4)])
 def test_shards_cover_the_subset_exactly_once(n, world):
     for epoch in (0, 1):
-        shards = [ddp.shard_indices(n, r, world, epoch, seed=0) for r in range(world)]
+        shards = [shard_indices(n, r, world, epoch, seed=0) for r in range(world)]
         everything = torch.cat(shards)
         assert len(everything) == n                      # no sample twice ...
         assert torch.equal(everything.sort().values, torch.arange(n))   # ... none missing
         assert all(len(s) == n // world for s in shards)
     # set_epoch reshuffles: epoch 1 is not epoch 0's order
-    assert not torch.equal(ddp.shard_indices(n, 0, world, 0), ddp.shard_indices(n, 0, world, 1))
+    assert not torch.equal(shard_indices(n, 0, world, 0), shard_indices(n, 0, world, 1))
 
 
 def test_uneven_shards_pad_with_at_most_world_minus_one_repeats():
-    shards = [ddp.shard_indices(10, r, 3, 0) for r in range(3)]
+    shards = [shard_indices(10, r, 3, 0) for r in range(3)]
     assert [len(s) for s in shards] == [4, 4, 4]          # equal steps on every rank
     everything = torch.cat(shards)
     assert set(everything.tolist()) == set(range(10)) and len(everything) == 12
@@ -112,14 +120,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The DDP program's flags for one short epoch of the smoke profile's kind.
+SHORT = ["--epochs", "1", "--width", "4", "--train-limit", "400", "--test-limit", "100",
+         "--data-source", source(), "--allow-synthetic", "--batch-size", "32", "--lr", "0.05"]
+
+
+@pytest.mark.slow
+def test_the_ddp_program_runs_under_torchrun_and_prints_its_result(tmp_path):
+    """The issue's command: `torchrun --standalone --nproc_per_node=2 -m mgpu_lib.ddp`."""
+    out = tmp_path / "result.json"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "-m", "mgpu_lib.ddp", *SHORT, "--out", str(out)],
+                         cwd=REPO, env=dict(os.environ, MGPU_PROFILE="smoke"),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = load_result(out)
+    assert run.stdout.splitlines()[-1] == ddp.LOG + result.summary()
+    assert result.extra["world_size"] == 2 and len(result.test_acc) == 1
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_machine(tmp_path):
     port, out = _free_port(), tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mgpu-test",
-           "--local-addr=127.0.0.1", "-m", "mgpu_lib", "worker", "--profile", "smoke",
-           "--epochs", "1", "--width", "4", "--train-limit", "400", "--test-limit", "100",
-           "--data-source", source(), "--batch-size", "32", "--lr", "0.05", "--threads", "1", "--out", str(out)]
+           "--local-addr=127.0.0.1", "-m", "mgpu_lib.ddp", *SHORT, "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     nodes = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -174,35 +199,58 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert result.status == "ok"
 
 
-def test_failure_names_the_rank_from_torchs_failure_records(tmp_path, monkeypatch):
-    """torch's agent describes each failed rank (`ProcessFailure`): the exception its `@record`
-    wrote, or the signal that ended it. The one line names a rank's own error before the
-    timeouts, lost peers and stops it caused in the others."""
-    killed = [failed(tmp_path, 0, monkeypatch, exitcode=-15),     # stopped by the agent
-              failed(tmp_path, 1, monkeypatch, exitcode=-9)]
-    assert str(launcher.failure(killed, launcher.Ended(1))) == \
+def test_failure_names_the_rank_from_torchs_error_files_and_report(tmp_path, monkeypatch):
+    """A failed rank is named from the error file torch's `@record` wrote for it, or from the
+    signal torchrun reports: a rank that refused its input first, then one ended by a signal we
+    did not send, then the earliest error. A rank we killed (it hung) is the cause of its peer's
+    timeout, not the failure."""
+    def waited(rank=0):
+        return failed(tmp_path / f"w{rank}", rank, monkeypatch, RuntimeError(
+            "Connection closed by peer"))
+    report = ChildFailedError("mgpu_lib.ddp", {1: ProcessFailure(1, 101, -9, "")}).format_msg()
+    signalled = launcher.read_failures(tmp_path / "none", launcher.Ended(1, report.splitlines()))
+    assert str(launcher.failure(signalled + [waited()], launcher.Ended(1))) == \
         "DDP rank 1 failed: Signal 9 (SIGKILL) received by PID 101"
-    waited = failed(tmp_path, 0, monkeypatch, RuntimeError(
-        "[/x/pair.cc:589] Connection closed by peer: timed out"))
-    crashed = [waited, failed(tmp_path, 1, monkeypatch, ZeroDivisionError("division by zero"))]
+    crashed = [failed(tmp_path, 1, monkeypatch, ZeroDivisionError("division by zero")), waited()]
     error = launcher.failure(crashed, launcher.Ended(1, ["busy"] * 60))
-    assert type(error) is launcher.LaunchError    # rank 0 only waited for rank 1: second
+    assert type(error) is launcher.LaunchError    # rank 0 noticed after rank 1 raised: second
     assert str(error) == "DDP rank 1 failed: ZeroDivisionError: division by zero"
-    ours = [waited, failed(tmp_path, 1, monkeypatch, exitcode=-9, pid=12)]
-    assert str(launcher.failure(ours, launcher.Ended(1, stopped={12}))).startswith(
-        "DDP rank 0 failed: RuntimeError: Connection closed by peer: timed out (a collective "
-        "timed out")                           # a kill of ours, after rank 0 failed, is not the cause
-    told = [failed(tmp_path / "told", 0, monkeypatch,
-                   ddp.RankInputError("batch size 30 does not split evenly"))]
+    hung = [waited(), failed(tmp_path, 1, monkeypatch, exitcode=-9)]
+    assert str(launcher.failure(hung, launcher.Ended(1, stopped={1}))) == (
+        "DDP rank 0 failed: RuntimeError: Connection closed by peer (a collective timed out: "
+        "rank 1 stopped answering and was killed)")
+    told = [waited(1), failed(tmp_path / "told", 0, monkeypatch,
+                              ddp.RankInputError("batch size 30 does not split evenly"))]
     error = launcher.failure(told, launcher.Ended(1))
     assert type(error) is ddp.RankInputError
     assert str(error) == "DDP rank 0 failed: batch size 30 does not split evenly"
     silent = [failed(tmp_path, 1, monkeypatch, exitcode=2)]      # exited without an error file
-    assert str(launcher.failure(silent, launcher.Ended(1, ["worker rank 1: error: no disk"]))) \
-        == "DDP rank 1 failed: exit code 2; last output: worker rank 1: error: no disk"
-    nothing = launcher.Ended(1, ["ValueError: bad agent", ""])    # the agent itself failed
+    assert str(launcher.failure(silent, launcher.Ended(1, ["rank 1: error: no disk"]))) \
+        == "DDP rank 1 failed: exit code 2; last output: rank 1: error: no disk"
+    nothing = launcher.Ended(1, ["ValueError: bad torchrun", ""])    # torchrun itself failed
     assert str(launcher.failure([], nothing)) == \
-        "DDP job failed (exit code 1): ValueError: bad agent"
+        "DDP job failed (exit code 1): ValueError: bad torchrun"
+
+
+def test_train_and_trace_start_torchrun_with_the_ddp_programs_ranks(monkeypatch, tmp_path):
+    """`train --strategy ddp` runs `torchrun -m mgpu_lib.ddp`; `trace` runs its ranks under the
+    same torchrun, joined by the same `ddp.setup`."""
+    commands = []
+
+    def started(cmd, *args, **kw):
+        commands.append(cmd)
+        raise launcher.LaunchError("not started")
+    monkeypatch.setattr(launcher, "supervise", started)
+    flags = ["--profile", "smoke", "--width", "4", "--data-source", source()]
+    assert main(["train", "--strategy", "ddp", "--nprocs", "2", *flags]) == 1
+    assert main(["trace", "--profile", "smoke", "--out", str(tmp_path)]) == 1
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    assert [cmd[:4] for cmd in commands] == [torchrun, torchrun]
+    program = commands[0][commands[0].index("--no_python") + 1:]
+    assert program[:4] == [sys.executable, "-u", "-m", "mgpu_lib.ddp"]
+    assert commands[1][commands[1].index("--no_python") + 3:][:2] == ["-m", "mgpu_lib.lab.trace"]
+    from mgpu_lib.lab import trace
+    assert trace.setup is ddp.setup
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -277,6 +325,9 @@ def test_entry_point_needs_torchrun():
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "run this under torchrun" in run.stderr
     assert run.stderr.count("\n") == 1
+    run = subprocess.run([sys.executable, "-m", "mgpu_lib.ddp", "--epochs", "1"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "run this under torchrun" in run.stderr, run.stderr
 
 
 def test_ring_allreduce_leaves_every_rank_with_every_sum():
@@ -288,3 +339,46 @@ def test_ring_allreduce_leaves_every_rank_with_every_sum():
         assert sorted(row.index(n) for row in after_scatter) == list(range(n))
         assert steps[-1][1] == [[n] * n for _ in range(n)]
     assert scaling.allreduce_bytes(1000, 4) == {"ddp_ring_per_device": 6000.0, "dp_gpu0": 4000.0}
+
+
+# ---- no code on a page is a string ------------------------------------------------------------
+
+def _code_in_strings(source: str) -> list:
+    """The string literals in a code cell's `source` (docstrings aside) that hold Python code:
+    more than one line that parses and defines, imports or loops."""
+    tree = ast.parse("\n".join(line for line in source.splitlines()
+                               if not line.lstrip().startswith(("%", "!"))))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.body and isinstance(n.body[0], ast.Expr)}
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
+                and "\n" in n.value.strip():
+            try:
+                body = ast.parse(textwrap.dedent(n.value)).body
+            except SyntaxError:
+                continue
+            if any(isinstance(b, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom,
+                                  ast.For, ast.While, ast.With)) for b in body):
+                found.append(n.value.strip().splitlines()[0])
+    return found
+
+
+def test_no_page_shows_code_from_a_string_literal():
+    """Page 05 showed DDP as a diff of two string literals, code that never ran; a diff is
+    computed from the source of code that runs (`inspect.getsource`)."""
+    planted = 'ONE = """\\ndef main(config):\n    for x, y in loader:\n        step(x, y)\n"""'
+    assert _code_in_strings(planted) == ["def main(config):"]
+    assert _code_in_strings('print("a\\nb")\ndef f():\n    """Doc.\n\n    import x\n    """') == []
+    pages = sorted(REPO.glob("chapters/*.ipynb")) + sorted(REPO.glob("exercises/*.ipynb"))
+    assert len(pages) > 5
+    found = {}
+    for page in pages:
+        for i, cell in enumerate(json.loads(page.read_text(encoding="utf-8"))["cells"]):
+            if cell["cell_type"] == "code":
+                source = "".join(cell["source"])
+                with contextlib.suppress(SyntaxError):
+                    if strings := _code_in_strings(source):
+                        found[f"{page.name} cell {i}"] = strings
+    assert not found, found

@@ -6,7 +6,7 @@
     python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
     python -m mgpu_lib pages          # each page's predicted run time (the README's table)
     python -m mgpu_lib trace --nprocs 2 --profile smoke --bucket-cap-mb 1 --out runs/trace
-    torchrun --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # one DDP rank
+    torchrun --standalone --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # DDP itself
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
 (its result is still written); 130 Ctrl-C and 143 SIGTERM (one line each). Output paths are
@@ -30,13 +30,14 @@ from typing import Optional, Sequence
 
 from ..lab.bench import bench, check_fits, format_bench
 from ..data import DataError
-from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, run
+from .. import ddp
+from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S
 from ..devices import DeviceError, num_gpus
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
-from .store import Output, ResultsError, append, check_writable, save_result
+from .store import Output, ResultsError, append, check_writable
 from ..config import COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, flag_name, on_cli
-from ..lab.launcher import LOG, LaunchError, launch
+from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, count_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
 from ..config import BF16_FLAG
@@ -137,15 +138,14 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
     p.add_argument("--out", help="append the result as one line to this JSON Lines file")
 
-    p = command("worker", "one DDP rank; run it under torchrun", trains=True)
+    p = command("worker", "the DDP program (mgpu_lib.ddp) with a profile; run it under torchrun",
+                trains=True)
     p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
     p.add_argument("--timeout", type=argtype(TIMEOUT), default=COLLECTIVE_TIMEOUT_S,
                    help="seconds a collective may wait for a silent rank")
-    p.add_argument("--threads", type=argtype(POSITIVE_INT),
-                   help="CPU threads per process (default: its share of this node's cores)")
-    p.add_argument("--config", help=argparse.SUPPRESS)   # `launch` passes its exact config
+    p.add_argument("--config", help="a TrainConfig as JSON, in place of the flags")
 
     command("pages", "each page's predicted run time (the README's table)")
 
@@ -268,7 +268,8 @@ def _train_ddp(config, args):
 
 
 def cmd_worker(args) -> int:
-    """One rank of a torchrun job. A run that diverged exits 0 too: its result says so."""
+    """`mgpu_lib.ddp`'s rank, its config from a profile and the flags. A run that diverged exits
+    0 too: its result says so."""
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ValueError(f"run this under torchrun (no {', '.join(missing)} in the "
@@ -289,11 +290,7 @@ def cmd_worker(args) -> int:
             check_writable(args.out)
         if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
             check_writable(Path(args.checkpoint) / CKPT_NAME)
-        result = run(config, backend=args.backend, checkpoint=args.checkpoint,
-                     resume=args.resume, timeout_s=args.timeout, threads=args.threads,
-                     log=lambda line: print(LOG + line, flush=True))
-        if result is not None and args.out:        # rank 0
-            save_result(result, args.out)
+        ddp.main(config, args.out, args.checkpoint, args.resume, args.backend, args.timeout)
     except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
         print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,
               flush=True)
@@ -301,7 +298,7 @@ def cmd_worker(args) -> int:
     return 0
 
 
-# What torchrun (and `launcher.run_ranks`) give each rank; `init_process_group` reads them.
+# What torchrun gives each rank; `init_process_group` reads them.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

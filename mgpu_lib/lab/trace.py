@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from ..config import Check
-from ..ddp import choose_backend, cpu_threads, local_batch_size
+from ..ddp import choose_backend, local_batch_size, setup
 from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
 from ..training import TrainConfig, make_model, not_a_file
@@ -138,18 +136,13 @@ def _trace_file(out, variant: Variant, rank: int) -> Path:
 
 @record     # an exception goes to this rank's error file, where the launcher reads it
 def trace_rank(spec_path: str) -> None:
-    """One rank of `trace_ddp`'s job (`python -m mgpu_lib.lab.trace SPEC`, under the launcher's
-    agent, which sets RANK and WORLD_SIZE): every variant, in the order given."""
+    """One rank of `trace_ddp`'s job (`python -m mgpu_lib.lab.trace SPEC` under torchrun),
+    joined as the DDP program's ranks join (`ddp.setup`): every variant, in the order given,
+    its traces written into the job's folder."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    cfg, backend = TrainConfig(**spec["config"]), spec["backend"]
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if backend == "nccl":
-        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(cpu_threads(world))
-    dist.init_process_group(backend, timeout=timedelta(seconds=spec["timeout_s"]))
+    cfg = TrainConfig(**spec["config"])
+    device = setup(spec["backend"], spec["timeout_s"])
+    rank, world = dist.get_rank(), dist.get_world_size()
     for v in (Variant(**d) for d in spec["variants"]):
         model = DDP(make_model(cfg, device), device_ids=[device] if device.type == "cuda" else None,
                     bucket_cap_mb=v.bucket_cap_mb)
@@ -162,7 +155,8 @@ def trace_rank(spec_path: str) -> None:
                     width=cfg.width, batch_size=cfg.batch_size,
                     hardware=describe_devices([device]), world_size=dist.get_world_size(),
                     backend=dist.get_backend())
-        _save(prof, meta, _trace_file(spec["out"], v, rank), Path(spec_path).parent)
+        _save(prof, meta, _trace_file(Path(spec_path).parent / "traces", v, rank),
+              Path(spec_path).parent)
         dist.barrier()
     dist.destroy_process_group()
 
@@ -174,8 +168,10 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
 
     Writes `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (`save_events`).
     `config.batch_size` is the global batch. The ranks run as a DDP job does
-    (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on Ctrl-C or SIGTERM, and no
-    process outlives this call. A failed rank is a `LaunchError` that names it.
+    (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on Ctrl-C, SIGTERM or SIGHUP,
+    and no process outlives this call. The ranks write into the job's folder; `out` gets the
+    traces from this process once every rank succeeded, so nothing is written there after this
+    call. A failed rank is a `LaunchError` that names it.
     """
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)
@@ -189,11 +185,15 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
                              f"folder")
     with job_folder("mgpu-trace-") as tmp:
         spec = tmp / "trace.json"
-        spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend, out=str(out),
+        spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend,
                                         variants=[asdict(v) for v in variants], active=active,
                                         timeout_s=timeout_s)), encoding="utf-8")
         run_ranks(["-m", "mgpu_lib.lab.trace", str(spec)], nprocs, tmp,
                   env=rank_env(backend, nprocs), timeout_s=timeout_s)
+        for v in variants:
+            for r in range(nprocs):
+                write_atomic(_trace_file(out, v, r),
+                             _trace_file(tmp / "traces", v, r).read_bytes())
     # the hardware as rank 0 saw it: its share of the threads, not this process's
     meta = json.loads(_trace_file(out, variants[0], 0).read_text(encoding="utf-8"))["otherData"]
     noun = "process" if nprocs == 1 else "processes"

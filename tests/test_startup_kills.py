@@ -1,0 +1,79 @@
+"""Issue 39: a DDP job killed in its first seconds. `train --strategy ddp` and `trace` are each
+killed at 10 moments from 0.2 to 12 s after they start (importing torch, checking, starting the
+reaper, torchrun and the ranks, training), mostly with SIGKILL and SIGHUP. 5 s after each kill no
+process of the job is left, its temporary folder is gone, and nothing appeared in --out after
+the command exited. Before: a SIGKILL 3 to 9 s in left the launcher and both ranks running for
+10 to 18 s more, writing last.pt and the traces after the command had died."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddp_helpers import source
+
+MOMENTS = [0.2, 0.5, 1, 2, 3, 4.5, 6, 8, 10, 12]        # seconds after the start
+SIGNALS = ["SIGKILL", "SIGHUP", "SIGKILL", "SIGHUP", "SIGTERM", "SIGKILL", "SIGHUP", "SIGINT",
+           "SIGKILL", "SIGHUP"]
+MARK = "MGPU_TEST_JOB"      # inherited by every process the command starts
+
+
+def _marked(mark: str) -> list:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _files(folder: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def _argv(command: str, out: Path) -> list:
+    if command == "train":
+        return ["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke", "--width",
+                "4", "--train-limit", "400", "--test-limit", "100", "--data-source", source(),
+                "--epochs", "50", "--out", str(out / "result.json")]
+    return ["trace", "--nprocs", "2", "--profile", "smoke", "--out", str(out)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name == "nt", reason="SIGKILL and SIGHUP are POSIX signals")
+@pytest.mark.parametrize("command", ["train", "trace"])
+def test_a_job_killed_in_its_first_seconds_leaves_nothing(tmp_path, command):
+    problems = []
+    shift = 0 if command == "train" else 1          # the other signal at each moment
+    for i, moment in enumerate(MOMENTS):
+        sig = getattr(signal, SIGNALS[(i + shift) % len(SIGNALS)])
+        out, tmp, mark = tmp_path / f"out{i}", tmp_path / f"tmp{i}", uuid.uuid4().hex
+        out.mkdir()
+        tmp.mkdir()
+        proc = subprocess.Popen([sys.executable, "-m", "mgpu_lib", *_argv(command, out)],
+                                env=dict(os.environ, **{MARK: mark, "TMPDIR": str(tmp)}),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(moment)
+        proc.send_signal(sig)
+        killed = time.monotonic()
+        proc.wait(60)
+        written = _files(out)
+        time.sleep(max(0.0, killed + 5 - time.monotonic()))
+        what = f"{sig.name} at {moment} s (exit {proc.returncode})"
+        left = _marked(mark)
+        if left:
+            problems.append(f"{what}: {[p.cmdline()[-3:] for p in left]} still running")
+            for p in left:
+                p.kill()
+        if _files(out) != written:
+            problems.append(f"{what}: {set(_files(out)) ^ set(written)} written after the exit")
+        if list(tmp.iterdir()):
+            problems.append(f"{what}: {[p.name for p in tmp.iterdir()]} left in TMPDIR")
+    assert not problems, "\n".join(problems)
