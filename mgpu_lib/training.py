@@ -319,9 +319,11 @@ def make_step(model: nn.Module, optimizer, loss_fn, device,
               switches: Optional[Switches] = None):
     """`step(x, y)`: one SGD step, returning (sum of losses, correct) as tensors on
     `device`. Nothing is read back to the host: a `.item()` here would stall the GPU.
-    With fp16 autocast a `GradScaler` scales the loss (small gradients would underflow).
+    With fp16 autocast the `GradScaler` scales the loss (small gradients would
+    underflow); otherwise it is off: `scale`, `step` and `update` pass through.
     """
-    scaler = torch.amp.GradScaler("cuda") if getattr(switches, "fp16", False) else None
+    fp16 = bool(getattr(switches, "fp16", False))
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)
 
     def step(x, y):
         x, y = _prepare(x, y, device, switches)
@@ -329,13 +331,9 @@ def make_step(model: nn.Module, optimizer, loss_fn, device,
         with _autocast(device, switches):
             out = model(x)
             loss = loss_fn(out, y)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)       # fp16: skipped if a gradient overflowed
+        scaler.update()
         return loss.detach().float() * y.numel(), (out.argmax(dim=1) == y).sum()
     return step
 
