@@ -32,7 +32,7 @@ from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import FLAG, flag_name, on_cli, prepare_model, resolve_switches
 from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
-                       make_step, not_a_file, write_atomic)
+                       PARTIAL, make_step, not_a_file, write_atomic)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -112,9 +112,11 @@ def checkpoint_file(folder) -> Path:
 
 
 def remove_partial_checkpoints(folder) -> None:
-    """Delete what saves killed midway left (`save_checkpoint`'s temporary files)."""
-    for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}.*"):
-        tmp.unlink(missing_ok=True)
+    """Delete what saves killed midway left: `write_atomic`'s temporary files, named as no
+    one else names a file (a user's `.last.pt.bak` stays, and a folder is never touched)."""
+    for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}{PARTIAL}*"):
+        if tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
 
 
 def check_fresh(folder) -> None:

@@ -82,6 +82,9 @@ def not_a_file(path) -> Optional[str]:
     return file_kind(path.stat().st_mode) if path.exists() else "a link to nothing"
 
 
+PARTIAL = ".partial-"   # write_atomic's temporary files: `.NAME.partial-XXXXXXXX`, ours alone
+
+
 def write_atomic(path, data) -> Path:
     """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
     readers see the old file or the new one, and a failed write (a full disk) leaves no torn
@@ -89,7 +92,7 @@ def write_atomic(path, data) -> Path:
     link. Results, traces and checkpoints are all written this way."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
     try:
         try:
             write_fully(fd, data.encode() if isinstance(data, str) else data)

@@ -19,7 +19,7 @@ from mgpu_lib.lab import launcher
 from mgpu_lib.book import sweep
 from mgpu_lib.book import cli
 from mgpu_lib.book.cli import main
-from mgpu_lib.training import TrainConfig, TrainResult, make_model
+from mgpu_lib.training import PARTIAL, TrainConfig, TrainResult, make_model
 
 from ddp_helpers import (HOOKS, alive, failed, gone, rank_pid, signal_job, source, tiny,
                          wait_for)
@@ -367,10 +367,17 @@ def test_a_new_run_removes_what_a_killed_save_left(tmp_path):
     good. Rank 0 now removes such files before it trains (`_run`); a resume shows it end to end
     (test_ddp.py)."""
     path = _checkpoint(tmp_path, tiny(), 1)
-    torn = tmp_path / f".{ddp.CKPT_NAME}.x8k2"
+    torn = tmp_path / f".{ddp.CKPT_NAME}{PARTIAL}x8k2"               # as write_atomic names it
     torn.write_bytes(b"half a checkpoint")
+    # Issue 39: the user's own copies and a folder named like one are not ours to delete
+    mine = [tmp_path / f".{ddp.CKPT_NAME}.bak", tmp_path / f".{ddp.CKPT_NAME}.orig"]
+    for p in mine:
+        p.write_bytes(b"the user's copy")
+    (tmp_path / f".{ddp.CKPT_NAME}.d").mkdir()
+    (tmp_path / f".{ddp.CKPT_NAME}{PARTIAL}dir").mkdir()
     ddp.remove_partial_checkpoints(tmp_path)
-    assert not torn.exists() and path.exists()
+    assert not torn.exists() and path.exists() and all(p.exists() for p in mine)
+    assert (tmp_path / f".{ddp.CKPT_NAME}.d").is_dir()
     ddp.remove_partial_checkpoints(tmp_path / "not yet made")        # nothing to do
 
 

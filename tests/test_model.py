@@ -2,9 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_lib.model import (Residual, block_shapes, check_width, forward_flops, init_weights,
-                            num_params, resnet18, resnet18_flops, resnet18_params,
-                            train_bytes, train_flops)
+from mgpu_lib.model import Residual, block_shapes, init_weights, num_params, resnet18
+from mgpu_lib.perf.flops import (check_width, forward_flops, resnet18_flops, resnet18_params,
+                                 train_bytes, train_flops)
 
 
 def test_block_shapes_match_the_chapter():
@@ -138,5 +138,7 @@ def test_a_wide_sweep_plans_or_refuses_within_seconds_in_4_gb(tmp_path):
     cmd = (f"ulimit -v 4000000; exec {sys.executable} -m mgpu_lib sweep --profile full "
            f"--vary width=2000 --store {tmp_path / 's.jsonl'} --yes")
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout.startswith("plan: 3 points")
+    # The bound counts the address-space limit (issue 39): in 4 GB, less what torch maps, even
+    # the base width may not fit, and then the refusal comes before the plan.
+    assert done.returncode == 2 and (done.stdout.startswith("plan: 3 points") or not done.stdout)
     assert len(done.stderr.strip().splitlines()) == 1 and "widest that fits" in done.stderr

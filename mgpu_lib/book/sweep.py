@@ -35,7 +35,7 @@ from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
 from ..lab.launcher import LaunchError, launch
 from ..perf.runtime import Job
-from ..training import METRICS, TrainConfig, TrainResult, train
+from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
 
 # Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
 # and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
@@ -299,7 +299,7 @@ def _derive(records: Sequence[TrainResult], config: TrainConfig, options: dict
             continue
         diverged = r.status != "ok" and len(r.train_loss) <= k
         # keep the first k epochs; a later divergence did not happen yet
-        cut = {} if diverged else {m: list(getattr(r, m))[:k] for m in METRICS}
+        cut = {} if diverged else {m: list(getattr(r, m))[:k] for m in METRICS + BN_METRICS}
         return replace(as_point(r, config, options), **cut, derived_from=key_of(r),
                        status=r.status if diverged else "ok")
     return None

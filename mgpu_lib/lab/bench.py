@@ -22,7 +22,8 @@ from torch import nn
 from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
-from ..model import check_width, resnet18, train_bytes, train_flops
+from ..model import resnet18
+from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
 from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
@@ -177,7 +178,7 @@ def check_fits(width: int, batch: int, devices: Optional[int] = None,
     """The one bound on a network and its batch, checked before anything is allocated (`train`,
     `sweep`, `bench`, the tools): a one-line ValueError when training `width` at `batch`, split
     over `devices`, needs more than `available` bytes (default `usable_memory()`). It names the
-    batch when even a width-1 network cannot take it, else the width (`model.check_width`)."""
+    batch when even a width-1 network cannot take it, else the width (`perf.flops.check_width`)."""
     free = usable_memory() if available is None else available
     n = devices or max(1, num_gpus())
     if train_bytes(1, -(-batch // n)) > free:

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
-from ..model import resnet18_flops, resnet18_params
+from .flops import resnet18_flops, resnet18_params
 from .published import PublishedRun, pairs, runs
 from .scaling import (DEVICES, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
                       loader_rate, pair_link, predict_epoch_time, spec_for_name)

@@ -177,7 +177,7 @@ def spec_for_name(name: str) -> Optional[DeviceSpec]:
 class Workload:
     """The model being trained, as numbers. Defaults: the chapter's ResNet-18 (width 64)."""
     params: int = 11_175_818
-    forward_flops: float = 0.9116e9     # per 28x28 image (mgpu_lib.model.resnet18_flops)
+    forward_flops: float = 0.9116e9     # per 28x28 image (mgpu_lib.perf.flops.resnet18_flops)
     train_factor: float = 3.0           # forward + backward ~ 3 x forward
     bytes_per_param: int = 4            # fp32 gradients
     input_bytes: int = 28 * 28 * 4      # one float32 image
