@@ -244,23 +244,27 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
     return train_iter, test_iter
 
 
-def train(config: TrainConfig, device, checkpoint=None, resume: bool = False) -> TrainResult:
-    """Train `config` as one rank of the group `setup` joined; every rank returns the result,
-    rank 0's with the test accuracies. `checkpoint`: a folder rank 0 saves into after every
-    epoch; `resume` continues from its checkpoint. (Page 05 shows this as a diff over the
+def train(config: TrainConfig, device, checkpoint=None,
+          resume: bool = False) -> TrainResult:
+    """Train `config` as one rank of the group `setup` joined; every rank returns the
+    result, rank 0's with the test accuracies. `checkpoint`: a folder rank 0 saves into
+    after every epoch; `resume` continues from its checkpoint. (Page 05 shows this as a
+    diff over the
     one-process `training.train`.)"""
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
-    net = prepare_model(make_model(config, device), switches)   # same seed on every rank
+    net = prepare_model(make_model(config, device), switches)  # same seed on all ranks
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     result = TrainResult.create(config, hardware=describe_job(device),
                                 num_devices=world,
                                 data_source=train_iter.source,
                                 steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict(), **job_extra(train_iter)})
-    state = load_checkpoint(checkpoint, config, world) if checkpoint and resume else None
+                                extra={"switches": switches.to_dict(),
+                                       **job_extra(train_iter)})
+    state = (load_checkpoint(checkpoint, config, world) if checkpoint and resume
+             else None)
     start = restore(state, net, optimizer, result) if state else 0
 
     def before_epoch(epoch: int) -> None:
@@ -301,14 +305,17 @@ def epoch_line(r: TrainResult) -> str:
 
 
 @record     # an exception goes to this rank's error file (TORCHELASTIC_ERROR_FILE)
-def main(config: TrainConfig, out: Optional[str] = None, checkpoint: Optional[str] = None,
+def main(config: TrainConfig, out: Optional[str] = None,
+         checkpoint: Optional[str] = None,
          resume: bool = False, backend: str = "auto",
          timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
-    """One rank of a torchrun job: train `config` (the global batch split over the ranks);
-    rank 0 saves the result as JSON to `out`, then prints its summary. Bad input (missing data,
-    a bad checkpoint, an uneven batch) is raised as a `RankInputError`."""
+    """One rank of a torchrun job: train `config` (the global batch split over the
+    ranks); rank 0 saves the result as JSON to `out`, then prints its summary. Bad
+    input (missing data, a bad checkpoint, an uneven batch) is raised as a
+    `RankInputError`."""
     try:
-        local_batch_size(config.batch_size, int(os.environ["WORLD_SIZE"]))  # before rendezvous
+        # before the rendezvous: an uneven batch is refused at once
+        local_batch_size(config.batch_size, int(os.environ["WORLD_SIZE"]))
         if checkpoint and not resume:
             check_fresh(checkpoint)
         if checkpoint and int(os.environ["RANK"]) == 0:     # rank 0 alone saves
@@ -317,11 +324,11 @@ def main(config: TrainConfig, out: Optional[str] = None, checkpoint: Optional[st
     except (ValueError, DataError, DeviceError) as e:
         raise RankInputError(str(e)) from e
     if dist.get_rank() == 0:
-        if out:                      # saved first: the job may be stopped once it exists
+        if out:          # saved first: the job may be stopped once it exists
             write_atomic(out, json.dumps(result.to_dict()))
         print(LOG + result.summary(), flush=True)
-    # No `finally`: after an exception the process exits, and destroying the group first could
-    # wait on a peer, delaying the error file that names the failed rank.
+    # No `finally`: after an exception the process exits, and destroying the group
+    # first could wait on a peer, delaying the error file that names the failed rank.
     dist.destroy_process_group()
 
 

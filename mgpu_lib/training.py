@@ -269,14 +269,11 @@ def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches]
 
 
 def fixed_sample(train_iter, n: int = 2000) -> list:
-    """Up to `n` training images spread evenly over the set, as `(x, y)` batches of the
-    loader's size on its device. Built from the loader's tensors, so the training order (its
-    generator) is untouched; the same images every epoch."""
+    """Up to `n` training images spread over the set, as `(x, y)` batches of the loader's
+    size: from its tensors, so its shuffle is untouched and every epoch gets the same."""
     data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
-    images, labels = data.images, data.labels
-    idx = torch.arange(0, len(labels), max(1, len(labels) // n))[:n]
-    x = images[idx].unsqueeze(1).float().div(255)
-    y = labels[idx].to(torch.int64)
+    idx = torch.arange(0, len(data.labels), max(1, len(data.labels) // n))[:n]
+    x, y = data.images[idx].unsqueeze(1).float().div(255), data.labels[idx].to(torch.int64)
     b = train_iter.batch_size
     return [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
 
@@ -293,15 +290,10 @@ def _correct(net: nn.Module, batches, device) -> float:
 
 
 def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
-    """BatchNorm's running statistics, checked. Eval mode normalizes with running averages
-    that lag the weights when steps are few and large, so a low eval-mode test accuracy may be
-    stale statistics, not a worse network. On a copy (the model is untouched):
-
-    - `test_acc_batch`: test accuracy normalizing each test batch by its own statistics;
-    - `test_acc_recal`: eval-mode test accuracy after the running statistics are recomputed
-      over `sample` (`torch.optim.swa_utils.update_bn`: a plain average over its batches);
-    - `train_acc_recal`: accuracy on `sample` itself with those statistics.
-    """
+    """BatchNorm's running statistics, checked on a copy: eval mode's running averages lag
+    the weights when steps are few and large, so a low test accuracy may be stale statistics.
+    `test_acc_batch` normalizes each test batch by its own statistics; `test_acc_recal` and
+    `train_acc_recal` (on `sample`) use statistics recomputed over `sample` (`update_bn`)."""
     net = copy.deepcopy(getattr(model, "module", model))
     device = next(net.parameters()).device
     net.train()
@@ -388,7 +380,8 @@ def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: i
         if evaluate is not None:
             result.test_acc.append(evaluate())
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{result.final_test_acc:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}",
+                            test_acc=f"{result.final_test_acc:.3f}")
         if on_epoch is not None:
             on_epoch(result)
     return result
@@ -460,7 +453,8 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
                                 num_devices=len(devices),
                                 data_source=getattr(train_iter, "source", "custom"),
                                 steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict(), **(extra or {})})
+                                extra={"switches": switches.to_dict(),
+                                       **(extra or {})})
     bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
     sample = fixed_sample(train_iter)
 
@@ -474,7 +468,8 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
             fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0],
                           switches), train_iter, result, model=model, bar=bar,
                 num_epochs=config.num_epochs, devices=devices, on_epoch=after_epoch,
-                evaluate=lambda: evaluate_accuracy(model, test_iter, switches=switches))
+                evaluate=lambda: evaluate_accuracy(model, test_iter,
+                                                   switches=switches))
     finally:
         if bar is not None:
             bar.close()

@@ -522,7 +522,7 @@ def test_train_with_stderr_closed_still_writes_its_result(tmp_path):
 def test_train_onto_a_full_stdout_keeps_the_result_and_says_one_line(tmp_path):
     """Before (issue 39): `train --out r.json > /dev/full` kept the result, then a traceback."""
     out = tmp_path / "r.json"
-    with open("/dev/full", "w") as full:
+    with open("/dev/full", "w", encoding="utf-8") as full:
         proc = _cli(tmp_path, *TINY, "--out", out, stdout=full, stderr=subprocess.PIPE)
         err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 2 and results.load_result(out).status == "ok"

@@ -79,6 +79,10 @@ def test_the_setup_cell_installs_what_is_named_and_refuses_an_empty_name(path, m
     with pytest.raises(ValueError, match="MGPU_INSTALL is empty") as e:
         exec(_install_part(path), {})
     assert "\n" not in str(e.value) and len(calls) == 1
+    monkeypatch.setenv("MGPU_INSTALL", "--help")       # issue 39: was passed to pip as an option
+    with pytest.raises(ValueError, match="not an option") as e:
+        exec(_install_part(path), {})
+    assert "\n" not in str(e.value) and len(calls) == 1
 
 
 def test_the_kaggle_button_follows_colabs():
