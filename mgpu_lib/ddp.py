@@ -112,8 +112,7 @@ def checkpoint_file(folder) -> Path:
 
 
 def remove_partial_checkpoints(folder) -> None:
-    """Delete what saves killed midway left: `write_atomic`'s temporary files, named as no
-    one else names a file (a user's `.last.pt.bak` stays, and a folder is never touched)."""
+    """Delete what killed saves left: `write_atomic`'s temporary files, and nothing else."""
     for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}{PARTIAL}*"):
         if tmp.is_file() and not tmp.is_symlink():
             tmp.unlink(missing_ok=True)
@@ -314,8 +313,11 @@ def main(config: TrainConfig, out: Optional[str] = None,
     input (missing data, a bad checkpoint, an uneven batch) is raised as a
     `RankInputError`."""
     try:
-        # before the rendezvous: an uneven batch is refused at once
-        local_batch_size(config.batch_size, int(os.environ["WORLD_SIZE"]))
+        # refused before the rendezvous: a rank past the world, an uneven batch
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if not 0 <= rank < world:
+            raise ValueError(f"RANK {rank} is not below WORLD_SIZE {world}")
+        local_batch_size(config.batch_size, world)
         if checkpoint and not resume:
             check_fresh(checkpoint)
         if checkpoint and int(os.environ["RANK"]) == 0:     # rank 0 alone saves

@@ -269,8 +269,7 @@ def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches]
 
 
 def fixed_sample(train_iter, n: int = 2000) -> list:
-    """Up to `n` training images spread over the set, as `(x, y)` batches of the loader's
-    size: from its tensors, so its shuffle is untouched and every epoch gets the same."""
+    """Up to `n` training images spread over the set, in batches (its shuffle untouched)."""
     data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
     idx = torch.arange(0, len(data.labels), max(1, len(data.labels) // n))[:n]
     x, y = data.images[idx].unsqueeze(1).float().div(255), data.labels[idx].to(torch.int64)

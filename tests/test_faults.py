@@ -400,6 +400,14 @@ def test_a_worker_run_by_hand_says_what_is_missing_in_one_line(monkeypatch, caps
         assert main(["worker", "--config", str(path)]) == 2
         err = capsys.readouterr().err
         assert _one_line(err) and f"--config {path}: not a TrainConfig JSON file" in err, err
+    # issue 39: a rank past the world waited for a rendezvous that never comes, then a traceback
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started = time.monotonic()
+    assert main(["worker", "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line(err) and "RANK 5 is not below WORLD_SIZE 2" in err, err
+    assert time.monotonic() - started < 30
 
 
 # ---- a checkpoint or trace never replaces what is not a file ------------------------------------
