@@ -97,7 +97,7 @@ def run_alone(notebook: Path, site: Path, folder: Path, profile: str,
 
 # What a page must show under `cpu` when it reads its records instead of training.
 RECORDED_UNDER_CPU = {
-    "06_performance": ["recorded with `python -m mgpu_lib bench`", "mean over 20 seeds",
+    "06_performance": ["recorded with `python -m mgpu_lib bench`", "over 20 seeds",
                        "one run's final test accuracy over 20 seeds"],
     "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl", "the notes' setting"],
 }

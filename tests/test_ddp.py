@@ -189,7 +189,7 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert rank_pid(0) == 0 and rank_pid(1) == 0       # nothing left behind
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
-    torn = ckpt / f".{ddp.CKPT_NAME}.k1ll3d"    # what a kill during rank 0's save leaves
+    torn = ckpt / f".{ddp.CKPT_NAME}{ddp.PARTIAL}k1ll3d"  # a kill during rank 0's save
     torn.write_bytes(b"half a checkpoint")
 
     result = launcher.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)

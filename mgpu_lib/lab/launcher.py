@@ -118,8 +118,10 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float, log=
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max_restarts=0",
            f"--nproc_per_node={nprocs}", f"--log_dir={job / 'logs'}", "--no_python",
            sys.executable, "-u", *args]
+    (job / "tmp").mkdir(exist_ok=True)      # the ranks' temporary files go with the job
+    env = {**env, MARK: str(job), "TMPDIR": str(job / "tmp")}
     with nullcontext() if str(job) in _REAPED else _reaped(job):
-        ended = supervise(cmd, {**env, MARK: str(job)}, timeout_s, log, job / "logs", done)
+        ended = supervise(cmd, env, timeout_s, log, job / "logs", done)
     if ended.code != 0 and not (done and Path(done).exists()):
         raise failure(read_failures(job / "logs", ended), ended)
     return ended
