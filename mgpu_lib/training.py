@@ -251,13 +251,7 @@ def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches]
     device = next(net.parameters()).device
     net.eval()
     if switches is not None and not switches.device_data:
-        correct = total = 0
-        with torch.no_grad():
-            for x, y in data_iter:
-                x, y = x.to(device), y.to(device)
-                correct += int((net(x).argmax(dim=1) == y).sum())
-                total += y.numel()
-        return correct / max(total, 1)
+        return _correct(net, data_iter, device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
     with torch.inference_mode(), _autocast(device, switches):
