@@ -266,22 +266,15 @@ def train(config: TrainConfig, device, checkpoint=None,
              else None)
     start = restore(state, net, optimizer, result) if state else 0
 
-    def before_epoch(epoch: int) -> None:
-        train_iter.set_epoch(epoch)  # a new shuffle, split anew over the ranks
-        dist.barrier()               # start the clock together (rank 0 was evaluating)
-
-    def after_epoch(r: TrainResult) -> None:
-        if checkpoint:
-            save_checkpoint(checkpoint, net, optimizer, config, world, r)
-        print(LOG + epoch_line(r), flush=True)
-    fit(make_step(model, optimizer, nn.CrossEntropyLoss(), device,
-                  switches), train_iter, result, model=model, start_epoch=start,
-        num_epochs=config.num_epochs, devices=[device], before_epoch=before_epoch,
-        # every rank sees the same totals, so all of them stop together on a divergence
-        reduce=dist.all_reduce, on_epoch=after_epoch if rank == 0 else None,
-        # rank 0 alone evaluates (the unwrapped net: no collectives), saves and prints
-        evaluate=(lambda: evaluate_accuracy(net, test_iter, switches=switches))
-        if rank == 0 else None)
+    step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
+    # every rank sees the same totals (all-reduced), so all of them stop together on a divergence
+    for r in fit(step, train_iter, result, range(start, config.num_epochs), [device],
+                 reduce=dist.all_reduce):
+        if rank == 0:    # rank 0 alone evaluates (the unwrapped net: no collectives), saves, prints
+            r.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
+            if checkpoint:
+                save_checkpoint(checkpoint, net, optimizer, config, world, r)
+            print(LOG + epoch_line(r), flush=True)
     return result
 
 

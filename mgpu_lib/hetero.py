@@ -240,12 +240,12 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
                                         steps_per_epoch=len(train_iter), extra=extra)
             optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
             loss_fn = nn.CrossEntropyLoss()
-            bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
-            try:
-                fit(lambda x, y: hdp.step(x, y, optimizer, loss_fn), train_iter, result,
-                    model=hdp, num_epochs=config.num_epochs, devices=hdp.devices,
-                    evaluate=lambda: evaluate_accuracy(hdp.module, test_iter), bar=bar)
-            finally:
-                if bar is not None:
-                    bar.close()
+            bar = progress_bar(len(train_iter) * config.num_epochs, disable=not progress)
+
+            def step(x, y):
+                bar.update(1)
+                return hdp.step(x, y, optimizer, loss_fn)
+            with bar:
+                for r in fit(step, train_iter, result, range(config.num_epochs), hdp.devices):
+                    r.test_acc.append(evaluate_accuracy(hdp.module, test_iter))
     return result

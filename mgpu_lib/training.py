@@ -3,7 +3,7 @@
     python -m mgpu_lib train --devices 2 --batch-size 512 --lr 0.2 --epochs 10
 
 `fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer
-(`hetero.py`) each hand it a `step(x, y)` and hooks, so they differ only where they must.
+(`hetero.py`) each hand it a `step(x, y)` and do what is theirs after each epoch it yields.
 Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
 `train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
 and every timer reading follows `torch.cuda.synchronize()`.
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -245,21 +245,24 @@ def _autocast(device, switches: Optional[Switches]):
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
-    """Fraction of correct predictions over `data_iter`, in eval mode: counted on the device
-    under `inference_mode` on the fast path, on the host after every batch (as D2L's
-    `evaluate_accuracy_gpu`) with the chapter's switches (`device_data` off)."""
-    device = next(net.parameters()).device
+    """Fraction of correct predictions over `data_iter`, in eval mode (the mode `net` was in is
+    restored): counted on the device under `inference_mode` on the fast path, on the host after
+    every batch (as D2L's `evaluate_accuracy_gpu`) with the chapter's switches."""
+    device, was_training = next(net.parameters()).device, net.training
     net.eval()
     if switches is not None and not switches.device_data:
-        return _correct(net, data_iter, device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    total = 0
-    with torch.inference_mode(), _autocast(device, switches):
-        for x, y in data_iter:
-            x, y = _prepare(x, y, device, switches)
-            correct += (net(x).argmax(dim=1) == y).sum()
-            total += y.numel()
-    return correct.item() / max(total, 1)
+        accuracy = _correct(net, data_iter, device)
+    else:
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        total = 0
+        with torch.inference_mode(), _autocast(device, switches):
+            for x, y in data_iter:
+                x, y = _prepare(x, y, device, switches)
+                correct += (net(x).argmax(dim=1) == y).sum()
+                total += y.numel()
+        accuracy = correct.item() / max(total, 1)
+    net.train(was_training)
+    return accuracy
 
 
 def fixed_sample(train_iter, n: int = 2000) -> list:
@@ -326,35 +329,25 @@ def make_step(model: nn.Module, optimizer, loss_fn, device,
     return step
 
 
-def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: int,
-        devices, evaluate: Optional[Callable[[], float]] = None, start_epoch: int = 0,
-        before_epoch: Optional[Callable[[int], None]] = None,
-        reduce: Optional[Callable[[torch.Tensor], None]] = None, bar=None,
-        on_epoch: Optional[Callable[[TrainResult], None]] = None) -> TrainResult:
-    """The epoch loop: train, time, check for divergence, evaluate; fills `result`.
+def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
+        reduce: Optional[Callable[[torch.Tensor], None]] = None) -> Iterator[TrainResult]:
+    """The epoch loop: train, time and check for divergence; yields `result` after each epoch
+    for the caller to evaluate, save or plot. A diverged run ends with status "diverged".
 
     Args:
         step: `step(x, y) -> (sum of losses, correct)`, tensors (see `make_step`).
-        model: put in train mode every epoch (`evaluate` leaves it in eval).
+        epochs: the epochs to run, e.g. `range(num_epochs)` (DDP resumes at a later start).
         devices: synchronized around each epoch's timer.
-        evaluate: `() -> test accuracy` after every epoch (None: none, e.g. DDP's ranks
-            other than 0).
-        before_epoch: called with the epoch index first (DDP: reshard, then a barrier).
-        reduce: sums the epoch's `[loss sum, correct, samples]` across processes.
-        on_epoch: called with `result` after every epoch (a live plot, a checkpoint).
-        bar: a tqdm bar, advanced once per step.
+        reduce: sums the epoch's `[loss sum, correct, samples]` across processes (DDP).
     """
-    for epoch in range(start_epoch, num_epochs):
-        if before_epoch is not None:
-            before_epoch(epoch)
-        model.train()
+    for epoch in epochs:
+        if hasattr(train_iter, "set_epoch"):
+            train_iter.set_epoch(epoch)          # DDP: this epoch's shard, as DistributedSampler
         with timed(devices) as t:
             sums = [0, 0, 0]
             for x, y in train_iter:
                 loss_sum, correct = step(x, y)
                 sums = [sums[0] + loss_sum, sums[1] + correct, sums[2] + len(y)]
-                if bar is not None:
-                    bar.update(1)
             if not sums[2]:
                 raise ValueError("the training data yielded no batch")
             totals = torch.stack([torch.as_tensor(v, device=sums[0].device).double()
@@ -362,22 +355,14 @@ def fit(step: Callable, train_iter, result: TrainResult, *, model, num_epochs: i
             if reduce is not None:
                 reduce(totals)
         loss_sum, correct, n = totals.tolist()
-        loss = loss_sum / n
-        result.train_loss.append(loss)
-        if diverged(loss):
+        result.train_loss.append(loss_sum / n)
+        if diverged(loss_sum / n):
             result.status = "diverged"
-            break
+            return
         result.train_acc.append(correct / n)
         result.epoch_seconds.append(t.seconds)
         result.images_per_second.append(n / t.seconds)
-        if evaluate is not None:
-            result.test_acc.append(evaluate())
-        if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}",
-                            test_acc=f"{result.final_test_acc:.3f}")
-        if on_epoch is not None:
-            on_epoch(result)
-    return result
+        yield result
 
 
 @contextmanager
@@ -413,9 +398,10 @@ def build_model(config: TrainConfig, devices, switches: Switches):
     return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
 
 
-def progress_bar(steps: int, desc: str = "train"):
+def progress_bar(steps: int, desc: str = "train", disable: bool = False):
     """A tqdm bar over `steps` steps (a widget in notebooks, text in a terminal)."""
-    return tqdm(total=steps, desc=desc, unit="step", leave=False, mininterval=0.5)
+    return tqdm(total=steps, desc=desc, unit="step", leave=False, mininterval=0.5,
+                disable=disable)
 
 
 def train(config: TrainConfig, *, data=None, progress: bool = True,
@@ -448,22 +434,19 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
                                 steps_per_epoch=len(train_iter),
                                 extra={"switches": switches.to_dict(),
                                        **(extra or {})})
-    bar = progress_bar(len(train_iter) * config.num_epochs) if progress else None
+    step = make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0], switches)
     sample = fixed_sample(train_iter)
+    bar = progress_bar(len(train_iter) * config.num_epochs, disable=not progress)
 
-    def after_epoch(r: TrainResult) -> None:
-        for key, value in bn_accuracies(model, test_iter, sample).items():
-            getattr(r, key).append(value)
-        if on_epoch is not None:
-            on_epoch(r)
-    try:
-        with cudnn_benchmark(switches.cudnn_benchmark):
-            fit(make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0],
-                          switches), train_iter, result, model=model, bar=bar,
-                num_epochs=config.num_epochs, devices=devices, on_epoch=after_epoch,
-                evaluate=lambda: evaluate_accuracy(model, test_iter,
-                                                   switches=switches))
-    finally:
-        if bar is not None:
-            bar.close()
+    def step_and_show(x, y):
+        bar.update(1)
+        return step(x, y)
+    with bar, cudnn_benchmark(switches.cudnn_benchmark):
+        for r in fit(step_and_show, train_iter, result, range(config.num_epochs), devices):
+            r.test_acc.append(evaluate_accuracy(model, test_iter, switches=switches))
+            for key, value in bn_accuracies(model, test_iter, sample).items():
+                getattr(r, key).append(value)   # BatchNorm's statistics, checked on a copy
+            bar.set_postfix(loss=f"{r.train_loss[-1]:.3f}", test_acc=f"{r.test_acc[-1]:.3f}")
+            if on_epoch is not None:
+                on_epoch(r)
     return result

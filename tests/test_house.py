@@ -77,3 +77,14 @@ def test_library_code_does_not_print(path):
     calls = [n.lineno for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"]
     assert not calls, f"{path.name} prints at lines {calls}"
+
+
+def test_the_epoch_loop_is_small_and_the_step_has_one_path():
+    """Issue 37: `fit` takes at most 6 parameters (engines do their own work on what it yields),
+    and `make_step` has one path: a GradScaler that is off, not an `if scaler is None` fork."""
+    import inspect
+    from mgpu_lib import training
+    assert len(inspect.signature(training.fit).parameters) <= 6
+    step = inspect.getsource(training.make_step)
+    assert "GradScaler" in step
+    assert not [n for n in ast.walk(ast.parse(step)) if isinstance(n, (ast.If, ast.IfExp))]
