@@ -31,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import FLAG, flag_name, on_cli, prepare_model, resolve_switches
-from .training import (METRICS, TrainConfig, TrainResult, evaluate_accuracy, fit, make_model,
-                       PARTIAL, make_step, not_a_file, write_atomic)
+from .training import (METRICS, PARTIAL, TrainConfig, TrainResult, evaluate_accuracy, fit,
+                       make_model, make_step)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -97,7 +97,21 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
              "result": json.loads(json.dumps(result.to_dict()))}
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    return write_atomic(checkpoint_file(folder), buffer.getvalue())
+    return replace_file(checkpoint_file(folder), buffer.getvalue())
+
+
+def replace_file(path, data: bytes) -> Path:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: a reader (a
+    resume, the launcher) sees the old file or the new one, never half of one."""
+    path = Path(os.path.realpath(path))
+    tmp = path.with_name(f".{path.name}{PARTIAL}{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def checkpoint_file(folder) -> Path:
@@ -105,14 +119,14 @@ def checkpoint_file(folder) -> Path:
     CheckpointError if something else is there (a FIFO, a device, a folder, a link to nothing),
     which a save would replace."""
     path = Path(folder) / CKPT_NAME
-    if what := not_a_file(path):
-        raise CheckpointError(f"{path} is {what}, and a checkpoint would replace it; name "
+    if os.path.lexists(path) and not path.is_file():     # a FIFO, a folder, a link to nothing
+        raise CheckpointError(f"{path} is not a file, and a checkpoint would replace it; name "
                               f"another --checkpoint folder")
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def remove_partial_checkpoints(folder) -> None:
-    """Delete what killed saves left: `write_atomic`'s temporary files, and nothing else."""
+    """Delete what killed saves left: `replace_file`'s temporary files, and nothing else."""
     for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}{PARTIAL}*"):
         if tmp.is_file() and not tmp.is_symlink():
             tmp.unlink(missing_ok=True)
@@ -320,7 +334,7 @@ def main(config: TrainConfig, out: Optional[str] = None,
         raise RankInputError(str(e)) from e
     if dist.get_rank() == 0:
         if out:          # saved first: the job may be stopped once it exists
-            write_atomic(out, json.dumps(result.to_dict()))
+            replace_file(out, json.dumps(result.to_dict()).encode())
         print(LOG + result.summary(), flush=True)
     # No `finally`: after an exception the process exits, and destroying the group
     # first could wait on a peer, delaying the error file that names the failed rank.

@@ -15,16 +15,10 @@ worker processes, fp32, NCHW. Neither reads a value back to the host during an e
 from __future__ import annotations
 
 import copy
-import functools
 import math
-import os
-import stat
-import subprocess
-import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -57,93 +51,7 @@ METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "tes
 # The same weights with BatchNorm's statistics checked (`bn_accuracies`), per epoch where recorded.
 BN_METRICS = ("test_acc_batch", "test_acc_recal", "train_acc_recal")
 STATUSES = ("ok", "diverged", "failed")
-
-
-def write_fully(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file's `st_mode` says it is, in words: "a FIFO", "a folder"..."""
-    return ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a FIFO" if stat.S_ISFIFO(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def not_a_file(path) -> Optional[str]:
-    """What is at `path` if it is there but is not a regular file or a link to one, else None.
-    `write_atomic` would replace it, so outputs are checked with this before any work starts."""
-    path = Path(path)
-    if not os.path.lexists(path) or path.is_file():
-        return None
-    return file_kind(path.stat().st_mode) if path.exists() else "a link to nothing"
-
-
-PARTIAL = ".partial-"   # write_atomic's temporary files: `.NAME.partial-XXXXXXXX`, ours alone
-
-
-def write_atomic(path, data) -> Path:
-    """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
-    readers see the old file or the new one, and a failed write (a full disk) leaves no torn
-    file behind. A link at `path` is the user's: the file it points to is replaced, not the
-    link. Results, traces and checkpoints are all written this way."""
-    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
-    try:
-        try:
-            write_fully(fd, data.encode() if isinstance(data, str) else data)
-            os.fsync(fd)                # a full disk can show only here
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o644)            # mkstemp makes 0600; results are for everyone to read
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:     # say which file
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    return path
-
-
-def _git(*args: str, cwd: Path) -> Optional[str]:
-    """A git command's output, or None if git is missing, slow or unhappy."""
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                             timeout=5, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> dict:
-    """{"mgpu_lib": version or None, "git": revision or None}, computed once per process. The
-    revision is read only where the package sits at the top of its own repository (a clone, an
-    editable install), never from some other repository it is installed inside."""
-    try:
-        version = metadata.version("mgpu_lib")
-    except (metadata.PackageNotFoundError, ValueError):
-        version = None
-    root = Path(__file__).resolve().parent.parent
-    rev = None
-    if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
-        rev = _git("rev-parse", "--short=12", "HEAD", cwd=root)
-        changes = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
-        if rev and changes:
-            rev += "+dirty"
-    return {"mgpu_lib": version, "git": rev}
-
-
-def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
-    """The header every record starts with (a run, a sweep point, a benchmark), so any record
-    can say what produced it. None means unknown (a copy outside its git repository)."""
-    # str(): torch.__version__ is a TorchVersion, which a checkpoint's pickle refuses to load
-    return {"schema": SCHEMA, **code_version(), "torch": str(torch.__version__),
-            "hardware": hardware, "profile": profile, "config": dict(config)}
+PARTIAL = ".partial-"   # atomic writes' temporary files are `.NAME.partial-XXXX`: ours alone
 
 
 @dataclass
@@ -180,8 +88,8 @@ class TrainResult:
                steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
                ) -> "TrainResult":
         """A new run's empty result with the whole header: the one way the engines make one."""
-        head = record_header(hardware=hardware, profile=config.profile, config=config.to_dict())
-        return cls(**head, num_devices=num_devices, data_source=data_source,
+        return cls(config=config.to_dict(), hardware=hardware, profile=config.profile,
+                   mgpu_lib=_version(), torch=str(torch.__version__), num_devices=num_devices, data_source=data_source,
                    steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
 
     @property
@@ -228,6 +136,15 @@ class TrainResult:
             return cls(**{"schema": LEGACY_SCHEMA, **d})
         except TypeError as e:
             raise ValueError(f"{where} is not a train result ({e})") from None
+
+
+def _version() -> Optional[str]:
+    """This package's installed version (None where it is not installed); the git revision is
+    added where records are stored (`lab.files.stamp`)."""
+    try:
+        return metadata.version("mgpu_lib")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):

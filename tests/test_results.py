@@ -127,15 +127,16 @@ def test_a_benchmark_carries_the_header(monkeypatch):
 
 
 def test_the_git_revision_is_cheap_and_never_fails(monkeypatch):
-    rev = record.code_version.__wrapped__()["git"]
+    from mgpu_lib.lab import files
+    rev = files.code_version.__wrapped__()["git"]
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
     if head:
         assert rev.split("+")[0] == head
     def broken(*args, **kwargs):
         raise OSError(errno.ENOENT, "no git")
-    monkeypatch.setattr(record.subprocess, "run", broken)
-    assert record.code_version.__wrapped__()["git"] is None
+    monkeypatch.setattr(files.subprocess, "run", broken)
+    assert files.code_version.__wrapped__()["git"] is None
 
 
 def test_old_records_read_as_schema_1_with_unknown_versions():

@@ -55,7 +55,7 @@ from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
-from mgpu_lib.training import record_header
+from mgpu_lib.lab.files import record_header
 from mgpu_lib.book.store import ResultsError, append, check_writable
 from mgpu_lib.book.pages import recorded_cpu_rates
 from mgpu_lib.perf.runtime import StepModel, recorded_cpu, workload

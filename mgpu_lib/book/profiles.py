@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..config import TrainConfig
-from ..training import code_version
+from ..lab.files import code_version
 from ..devices import autocast_dtype, describe_devices, try_gpu
 
 

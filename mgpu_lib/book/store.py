@@ -1,7 +1,7 @@
 """The results store: JSON Lines files, one record appended per run, and the statistics on them.
 
 Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
-`mgpu_lib.training.record_header`), and a store holds one kind of record (`record_kind`).
+`mgpu_lib.lab.files.record_header`), and a store holds one kind of record (`record_kind`).
 Appending takes a file lock (`filelock`, on every platform), so two processes writing one store
 both keep their records; `read`, `append` and `Output` say what becomes of a torn line, a file
 that is no store, and a failed write (a full disk). The records this book shows ship inside the
@@ -26,8 +26,8 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..config import _is_int
-from ..training import (LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, file_kind,
-                        write_atomic, write_fully)
+from ..lab.files import file_kind, stamp, write_atomic, write_fully
+from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
@@ -196,7 +196,7 @@ class Output(contextlib.AbstractContextManager):
                 os.set_blocking(self.fd, True)      # the reader is there: the write may wait
 
     def write(self, obj) -> None:
-        text = json.dumps(obj, indent=1)
+        text = json.dumps(stamp(obj) if isinstance(obj, dict) else obj, indent=1)
         try:
             if self.fd is not None:
                 write_fully(self.fd, text.encode())
@@ -287,7 +287,9 @@ def load_result(path) -> TrainResult:
 def append(path, record: dict) -> None:
     """Append `record` as one line, under an exclusive lock; durable when this returns. A file
     that is not a store, or holds another kind of record, is left untouched; a torn last line
-    is dropped; a failed write cuts the store back to its old length and keeps the record."""
+    is dropped; a failed write cuts the store back to its old length and keeps the record. A
+    fresh record gets this clone's git revision (`stamp`)."""
+    record = stamp(record)
     kind = record_kind(record)
     path = check_writable(path, store=True, kind=kind)
     line = json.dumps(record, sort_keys=True).encode() + b"\n"

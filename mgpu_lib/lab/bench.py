@@ -26,7 +26,8 @@ from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
-from ..training import record_header as header, TrainConfig, cudnn_benchmark, make_model, make_step
+from .files import record_header as header
+from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
 
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
 

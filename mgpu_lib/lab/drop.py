@@ -37,7 +37,8 @@ from torch import nn
 from ..chapter import lazy_resnet18, train
 from ..data import load_fashion_mnist
 from ..devices import describe_devices
-from ..training import bn_accuracies, fixed_sample, record_header
+from ..training import bn_accuracies, fixed_sample
+from .files import record_header
 
 CONDITIONS = ("first", "reused", "fresh", "fresh_small")
 EXTRA = ("first_large",)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..perf.scaling import Overheads
-from ..training import write_atomic
+from .files import write_atomic
 
 # What each event is, from its name in the trace (gloo's and NCCL's names for the collectives).
 KIND_OF = [("allreduce", re.compile(r"^(gloo|nccl):all_reduce$")),

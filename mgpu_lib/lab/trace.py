@@ -31,8 +31,9 @@ from ..config import Check
 from ..ddp import choose_backend, local_batch_size, setup
 from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
-from ..training import TrainConfig, make_model, not_a_file
-from .events import TraceRun, overlap_rows, read_trace, save_events, write_atomic
+from ..training import TrainConfig, make_model
+from .events import TraceRun, overlap_rows, read_trace, save_events
+from .files import not_a_file, write_atomic
 from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
