@@ -98,9 +98,10 @@ def test_true_false_flags_alone_mean_true():
 
 
 def documented_commands():
-    """Every `python -m mgpu_lib ...` command in the README, the notebooks and the docstrings."""
+    """Every `python -m mgpu_lib ...` command in the README, the notebooks and the docstrings of
+    the whole package (its subpackages' too: `book/cli.py`, `book/sweep.py`, `lab/bench.py`)."""
     texts = [p.read_text(encoding="utf-8")
-             for p in [REPO / "README.md", *REPO.glob("mgpu_lib/*.py")]]
+             for p in [REPO / "README.md", *REPO.glob("mgpu_lib/**/*.py"), *REPO.glob("tools/*.py")]]
     for nb in [*REPO.glob("chapters/*.ipynb"), *REPO.glob("exercises/*.ipynb")]:
         texts += ["".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]]
     for text in texts:

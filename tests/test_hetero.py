@@ -19,6 +19,8 @@ from mgpu_lib.split import (best_split, predict_hetero_step, shard_grid, split_s
                              worth_it)
 from mgpu_lib.training import TrainConfig
 
+from helpers import batch, bn_free_model
+
 
 # ---- split_sizes --------------------------------------------------------------------------
 
@@ -140,18 +142,8 @@ def test_shard_grid_spans_the_ideal():
 
 # ---- the heterogeneous step -----------------------------------------------------------------
 
-def _bn_free() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 28 * 28, 10))
-
-
-def _batch(n=16):
-    g = torch.Generator().manual_seed(1)
-    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
-
-
 def _full_and_hetero_step(net, train_mode, same_loss=True):
-    x, y = _batch()
+    x, y = batch()
     loss_fn = nn.CrossEntropyLoss()
     ref = copy.deepcopy(net).train(train_mode)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
@@ -171,13 +163,13 @@ def _full_and_hetero_step(net, train_mode, same_loss=True):
         return ref, hdp.module, hdp.replicas[1]
 
 
-@pytest.mark.parametrize("make", [_bn_free, lambda: init_weights(resnet18(width=4))],
+@pytest.mark.parametrize("make", [bn_free_model, lambda: init_weights(resnet18(width=4))],
                          ids=["bn-free", "resnet-eval-bn"])
 def test_hetero_step_equals_full_batch_step(make):
     torch.manual_seed(0)
     net = make()
     start = copy.deepcopy(net)
-    ref, main, _ = _full_and_hetero_step(net, train_mode=make is _bn_free)
+    ref, main, _ = _full_and_hetero_step(net, train_mode=make is bn_free_model)
     for (name, p), q in zip(ref.named_parameters(), main.parameters()):
         assert (p - q).abs().max().item() < 1e-5, name
     assert any((p - q).abs().max() > 1e-4 for p, q in zip(ref.parameters(), start.parameters()))
@@ -196,8 +188,8 @@ def test_hetero_step_batchnorm_running_stats_weighted():
 
 
 def test_hetero_step_rejects_bad_sizes():
-    x, y = _batch()
-    with HeteroDataParallel(_bn_free(), ["cpu", "cpu"], [1, 1]) as hdp:
+    x, y = batch()
+    with HeteroDataParallel(bn_free_model(), ["cpu", "cpu"], [1, 1]) as hdp:
         opt = torch.optim.SGD(hdp.module.parameters(), lr=0.1)
         with pytest.raises(ValueError, match="do not split"):
             hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[10, 5])
@@ -241,8 +233,8 @@ def test_simulated_throttle_idles_slowdown_minus_one_times_the_work(monkeypatch,
     0.25 s of work on the fake clock), so it takes `slowdown` x as long; 1 adds nothing."""
     clock = FakeClock()
     monkeypatch.setattr(hetero_mod, "time", clock)
-    x, y = _batch()
-    loss, correct = forward_backward(_bn_free(), x, y, nn.CrossEntropyLoss(), slowdown=slowdown)
+    x, y = batch()
+    loss, correct = forward_backward(bn_free_model(), x, y, nn.CrossEntropyLoss(), slowdown=slowdown)
     assert clock.slept == idle and torch.isfinite(loss)
 
 
@@ -293,8 +285,8 @@ def test_data_loader_and_prefetch_keep_the_batches():
 
 
 def test_split_curve_predicts_and_measures_each_share():
-    x, y = _batch()
-    with HeteroDataParallel(_bn_free(), ["cpu", "cpu"], [3, 1]) as hdp:
+    x, y = batch()
+    with HeteroDataParallel(bn_free_model(), ["cpu", "cpu"], [3, 1]) as hdp:
         opt = torch.optim.SGD(hdp.module.parameters(), lr=0.01)
         rows = split_curve(hdp, x, y, opt, nn.CrossEntropyLoss(), [300.0, 100.0], 0.01,
                            [0, 4, 8], steps=1)

@@ -25,12 +25,9 @@ ALLOWED = [
     (r"\blr 0\.2\b", "the chapter's learning rate on two GPUs, a setting"),
     (r"\blr 0\.4\b", "the lr the study notes called best, a setting the claim runs were given"),
     (r"compute capability 3\.7\b", "the K80's CUDA generation, a name"),
-    (r"compute capability 7\.5\b", "the T4's CUDA generation, a name"),
     (r"compute capability 8\.0\b", "the first generation with bf16 tensor cores, a name"),
     (r"\b7\.0 and 7\.5 \(V100", "V100's and T4's CUDA generations, names"),
     (r"\bCUDA 12\.6\b", "a CUDA version, as pytorch#157517 names it"),
-    (r"\b4x the (batch|lr)\b", "the linear-scaling runs' setting: four times the base"),
-    (r"\b16x the batch\b", "sixteen dies times the chapter's batch, a setting"),
 ]
 
 # "s" and "sec" only after a space: "4090s" names cards, "3 s" is a time. x is matched below.
@@ -95,8 +92,12 @@ def test_no_result_is_typed_into_the_prose():
                        "them, or add a reason to ALLOWED):\n  " + "\n  ".join(found))
 
 
-def test_the_allowlist_stays_short():
-    assert len(ALLOWED) <= 15
+def test_every_allowed_phrase_is_still_on_a_page():
+    """An allowance no page uses any more is a stale hole in the typed-number check: remove it.
+    (Before, this test asserted the list's length, a constant of its own.)"""
+    texts = [text for path in pages() for _, text in cells(path)]
+    unused = [why for pattern, why in ALLOWED if not any(re.search(pattern, t) for t in texts)]
+    assert not unused, unused
 
 
 @pytest.mark.parametrize("typed", [

@@ -72,7 +72,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(config=TrainConfig) -> Parser:
-    """The command line; every `config` field declared with `settings.setting` is a flag of
+    """The command line; every `config` field declared with `config.setting` is a flag of
     train, sweep and worker, and a key of --vary."""
     parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
     parser.set_defaults(config_class=config)
