@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
 
 from mgpu_lib.book.profiles import get_profile
-from mgpu_lib.lab import failures, launcher
+from mgpu_lib.lab.reaper import tree
 from mgpu_lib.training import TrainConfig
 
 # On PYTHONPATH, this folder's sitecustomize makes a DDP worker raise MGPU_TEST_RAISE.
@@ -75,12 +75,11 @@ def write_error_file(log_dir: Path, rank: int, error: BaseException, monkeypatch
 
 
 def failed(log_dir: Path, rank: int, monkeypatch, error: BaseException = None,
-           exitcode: int = 1, pid: int = 0) -> dict:
-    """Rank `rank`'s failure as the launcher records it: torch's `ProcessFailure`, read from
-    the error file `error` was recorded in, or (no `error`) from the exit code alone."""
+           exitcode: int = 1, pid: int = 0) -> ProcessFailure:
+    """Rank `rank`'s failure as the launcher reads it: torch's `ProcessFailure`, from the error
+    file `error` was recorded in, or (no `error`) from the exit code alone."""
     path = write_error_file(log_dir, rank, error, monkeypatch) if error else log_dir / "none"
-    return failures.failure_record(rank, ProcessFailure(rank, pid or 100 + rank, exitcode,
-                                                        str(path)))
+    return ProcessFailure(rank, pid or 100 + rank, exitcode, str(path))
 
 
 def wait_for(condition, timeout_s: float) -> bool:
@@ -95,7 +94,7 @@ def wait_for(condition, timeout_s: float) -> bool:
 def ranks_below(pid: int) -> list:
     """The DDP ranks (processes with a RANK) below `pid`."""
     found = []
-    for p in launcher.tree(pid):
+    for p in tree(pid):
         try:
             if "RANK" in p.environ():
                 found.append(p)
@@ -114,7 +113,7 @@ def signal_job(argv: list, tmp_path: Path, sig: int, nranks: int = 2) -> tuple:
         if not wait_for(lambda: len(ranks_below(proc.pid)) == nranks, 180):
             proc.kill()
             pytest.fail(f"no job started: {proc.communicate()[1][-2000:]}")
-        started = launcher.tree(proc.pid)
+        started = tree(proc.pid)
         proc.send_signal(sig)
         err = proc.communicate(timeout=60)[1]
     finally:

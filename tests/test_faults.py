@@ -307,8 +307,8 @@ def test_a_checkpoint_cause_is_cut_at_a_word(tmp_path, monkeypatch):
 def test_a_signal_stops_a_ddp_job_and_leaves_nothing(tmp_path, sig):
     """Before: SIGTERM to `train --strategy ddp` exited 143 with no message and left
     /tmp/mgpu-ddp-*/config.json behind; SIGKILL (issue 33) left the folder too. Now SIGTERM is
-    said in one line, and either way every process and the folder go (after SIGKILL the agent,
-    which outlives its parent by a moment, stops the ranks and removes the folder)."""
+    said in one line, and either way every process and the folder go (after SIGKILL the job's
+    reaper, which outlives its parent, kills the ranks and removes the folder)."""
     code, err, started = signal_job(ddp_train("--epochs", "50"), tmp_path, sig)
     assert gone(started, 15), [p.pid for p in started if alive(p.pid)]
     assert wait_for(lambda: not list(tmp_path.glob("mgpu-ddp-*")), 30)

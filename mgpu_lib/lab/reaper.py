@@ -1,56 +1,89 @@
-"""What outlives a DDP job's launcher, however the launcher ended (SIGKILL included), is ended
-here: every process whose environment carries the job's mark, and the job's folder.
+"""Ending a DDP job's processes. `stop` and `stop_all` end what runs below the launcher; the
+reaper (`reaped`) ends what outlives it, however it ended (SIGKILL included): every process
+whose environment carries the job's mark, and the job's folder.
 
     python mgpu_lib/lab/reaper.py FOLDER       # started by `launcher`, by path (no torch import)
 
-It waits on its standard input, a pipe whose other end only the launcher holds: the operating
-system closes that end whenever the launcher exits, normally or not, on every platform. Then it
-kills the job's processes (torchrun's ranks run in sessions of their own, so a process group
-would miss them) and removes the folder.
+The reaper waits on its standard input, a pipe whose other end only the launcher holds: the
+operating system closes that end whenever the launcher exits, normally or not, on every
+platform. torchrun starts each rank in a session of its own, so a process group would miss them.
 """
-import os
 import shutil
+import subprocess
 import sys
+from contextlib import contextmanager, suppress
 
 import psutil
 
 MARK = "MGPU_JOB"        # in the environment of every process of a job: its folder
+REAPED: set = set()      # the folders whose reaper this process started and still holds
 
 
-def job_processes(folder: str) -> list:
-    """The processes whose environment marks them as `folder`'s job (psutil: any platform)."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get(MARK) == folder:
-                found.append(p)
-        except psutil.Error:        # gone meanwhile, or another user's
-            continue
-    return found
+@contextmanager
+def reaped(folder, options: dict):
+    """While inside, `folder`'s reaper waits; on leaving, or if this process dies, it ends the
+    job and removes the folder. `options`: Popen's, to keep it from our terminal's signals."""
+    if str(folder) in REAPED:       # an outer block's reaper does it
+        yield
+        return
+    reaper = subprocess.Popen([sys.executable, __file__, str(folder)], stdin=subprocess.PIPE,
+                              **options)
+    REAPED.add(str(folder))
+    try:
+        yield
+    finally:
+        REAPED.discard(str(folder))
+        reaper.stdin.close()
+        reaper.wait(60)
+
+
+def tree(pid: int) -> list:
+    """Every process below `pid`, or none if `pid` is gone."""
+    with suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def stop_all(procs: list, grace_s: float = 5) -> None:
+    """Terminate `procs` (kill them, with no `grace_s`); after `grace_s`, kill the rest."""
+    for p in procs:
+        with suppress(psutil.Error):
+            p.terminate() if grace_s else p.kill()
+    for p in psutil.wait_procs(procs, timeout=grace_s)[1]:
+        with suppress(psutil.Error):
+            p.kill()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill `proc` and what runs below it (what it was still starting is the reaper's)."""
+    stop_all(tree(proc.pid) + [psutil.Process(proc.pid)], grace_s=0)
+    proc.wait()
+
+
+def kill_ranks(pid: int) -> set:
+    """Kill what runs below `pid` (torchrun); the RANKs it had (a loader's workers share theirs)."""
+    below, ranks = tree(pid), set()
+    for p in below:
+        with suppress(psutil.Error, KeyError, ValueError):
+            ranks.add(int(p.environ()["RANK"]))
+    stop_all(below, grace_s=0)
+    return ranks
 
 
 def kill_job(folder: str) -> None:
-    """Kill `folder`'s processes (and look again: a dying torchrun may still start one)."""
-    for _ in range(5):
-        procs = job_processes(folder)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=5)
-
-
-def end_job(folder: str) -> None:
-    """Kill `folder`'s processes, then remove the folder."""
-    kill_job(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    """Kill the processes marked as `folder`'s job."""
+    for _ in range(5):      # and look again: a dying torchrun may still start one
+        marked = [p for p in psutil.process_iter(["environ"])
+                  if (p.info["environ"] or {}).get(MARK) == folder]
+        if not marked:
+            return
+        stop_all(marked, grace_s=0)
+        psutil.wait_procs(marked, timeout=5)
 
 
 if __name__ == "__main__":
     try:
         sys.stdin.read()            # until the launcher closes its end or exits
     finally:
-        end_job(sys.argv[1])
+        kill_job(sys.argv[1])
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
