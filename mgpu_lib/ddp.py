@@ -262,8 +262,7 @@ def train(config: TrainConfig, device, checkpoint=None,
     """Train `config` as one rank of the group `setup` joined; every rank returns the
     result, rank 0's with the test accuracies. `checkpoint`: a folder rank 0 saves into
     after every epoch; `resume` continues from its checkpoint. (Page 05 shows this as a
-    diff over the
-    one-process `training.train`.)"""
+    diff over the one-process `training.train`.)"""
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
@@ -281,10 +280,10 @@ def train(config: TrainConfig, device, checkpoint=None,
     start = restore(state, net, optimizer, result) if state else 0
 
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
-    # every rank sees the same totals (all-reduced), so all of them stop together on a divergence
-    for r in fit(step, train_iter, result, range(start, config.num_epochs), [device],
-                 reduce=dist.all_reduce):
-        if rank == 0:    # rank 0 alone evaluates (the unwrapped net: no collectives), saves, prints
+    epochs = range(start, config.num_epochs)
+    # every rank sees the same all-reduced totals, so all stop together on a divergence
+    for r in fit(step, train_iter, result, epochs, [device], reduce=dist.all_reduce):
+        if rank == 0:  # rank 0 alone evaluates (the unwrapped net), saves and prints
             r.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
             if checkpoint:
                 save_checkpoint(checkpoint, net, optimizer, config, world, r)

@@ -247,19 +247,21 @@ def make_step(model: nn.Module, optimizer, loss_fn, device,
 
 
 def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
-        reduce: Optional[Callable[[torch.Tensor], None]] = None) -> Iterator[TrainResult]:
-    """The epoch loop: train, time and check for divergence; yields `result` after each epoch
-    for the caller to evaluate, save or plot. A diverged run ends with status "diverged".
+        reduce: Optional[Callable] = None) -> Iterator[TrainResult]:
+    """The epoch loop: train, time and check for divergence; yields `result` after
+    each epoch for the caller to evaluate, save or plot. A diverged run ends with
+    status "diverged".
 
     Args:
         step: `step(x, y) -> (sum of losses, correct)`, tensors (see `make_step`).
-        epochs: the epochs to run, e.g. `range(num_epochs)` (DDP resumes at a later start).
+        epochs: the epochs to run, e.g. `range(num_epochs)` (a resumed DDP run starts
+            later).
         devices: synchronized around each epoch's timer.
         reduce: sums the epoch's `[loss sum, correct, samples]` across processes (DDP).
     """
     for epoch in epochs:
         if hasattr(train_iter, "set_epoch"):
-            train_iter.set_epoch(epoch)          # DDP: this epoch's shard, as DistributedSampler
+            train_iter.set_epoch(epoch)  # DDP: this epoch's shard (DistributedSampler)
         with timed(devices) as t:
             sums = [0, 0, 0]
             for x, y in train_iter:
@@ -359,11 +361,14 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
         bar.update(1)
         return step(x, y)
     with bar, cudnn_benchmark(switches.cudnn_benchmark):
-        for r in fit(step_and_show, train_iter, result, range(config.num_epochs), devices):
+        epochs = range(config.num_epochs)
+        for r in fit(step_and_show, train_iter, result, epochs, devices):
             r.test_acc.append(evaluate_accuracy(model, test_iter, switches=switches))
+            # BatchNorm's statistics, checked on a copy of the model
             for key, value in bn_accuracies(model, test_iter, sample).items():
-                getattr(r, key).append(value)   # BatchNorm's statistics, checked on a copy
-            bar.set_postfix(loss=f"{r.train_loss[-1]:.3f}", test_acc=f"{r.test_acc[-1]:.3f}")
+                getattr(r, key).append(value)
+            bar.set_postfix(loss=f"{r.train_loss[-1]:.3f}",
+                            test_acc=f"{r.test_acc[-1]:.3f}")
             if on_epoch is not None:
                 on_epoch(r)
     return result
