@@ -31,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import FLAG, flag_name, on_cli, prepare_model, resolve_switches
-from .training import (METRICS, PARTIAL, TrainConfig, TrainResult, evaluate_accuracy, fit,
-                       make_model, make_step)
+from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, bn_accuracies,
+                       evaluate_accuracy, fit, fixed_sample, make_model, make_step)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -213,8 +213,8 @@ def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
     net.load_state_dict(theirs)
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])   # nothing here draws random numbers yet; dropout would
-    for key in METRICS:
-        setattr(result, key, list(state["result"][key]))
+    for key in METRICS + BN_METRICS:     # a checkpoint from before the readings has none
+        setattr(result, key, list(state["result"].get(key, [])))
     result.extra["resumed_from_epoch"] = state["epoch"]
     return state["epoch"]
 
@@ -280,11 +280,15 @@ def train(config: TrainConfig, device, checkpoint=None,
     start = restore(state, net, optimizer, result) if state else 0
 
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
+    sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
     # every rank sees the same all-reduced totals, so all stop together on a divergence
     for r in fit(step, train_iter, result, epochs, [device], reduce=dist.all_reduce):
         if rank == 0:  # rank 0 alone evaluates (the unwrapped net), saves and prints
             r.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
+            # BatchNorm's statistics, checked on a copy of the model
+            for key, value in bn_accuracies(net, test_iter, sample).items():
+                getattr(r, key).append(value)
             if checkpoint:
                 save_checkpoint(checkpoint, net, optimizer, config, world, r)
             print(LOG + epoch_line(r), flush=True)
