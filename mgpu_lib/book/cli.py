@@ -38,7 +38,7 @@ from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable
 from ..config import COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, flag_name, on_cli
 from ..lab.launcher import LaunchError, launch
-from .sweep import (MAX_POINTS, count_points, merge_vary, parse_seeds, parse_vary, plan_line,
+from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
 from ..config import BF16_FLAG
 from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
@@ -211,10 +211,7 @@ def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool,
                notes: Sequence[str] = ()) -> None:
     """Print a sweep's plan (and `notes`); a ValueError if it is too big for a sweep, or, unless
     `yes`, more than `SWEEP_CAP` points or `SWEEP_HOURS` hours. `sweep` and the tools' sweeps."""
-    n = count_points(vary, seeds)
-    if n > MAX_POINTS:
-        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
-                         "vary fewer values")
+    n = check_points(vary, seeds)
     pred = predicted_sweep(base, vary, seeds)
     print("\n".join([plan_line(base, vary, seeds, pred)] + [f"note: {t}" for t in notes]),
           flush=True)

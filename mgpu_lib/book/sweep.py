@@ -153,6 +153,15 @@ def count_points(vary: dict, seeds: Sequence[int]) -> int:
     return math.prod(len(unique(v)[0]) for v in vary.values()) * len(unique(seeds)[0])
 
 
+def check_points(vary: dict, seeds: Sequence[int]) -> int:
+    """The number of points in `vary` x `seeds`; a ValueError past what a sweep holds."""
+    n = count_points(vary, seeds)
+    if n > MAX_POINTS:
+        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
+                         "vary fewer values")
+    return n
+
+
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
     """The cartesian product of `vary` and `seeds`, each value once, longest runs first (so
     short ones derive); a ValueError for a key that is no config field or option."""
@@ -162,10 +171,7 @@ def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[Tr
             raise ValueError("vary seeds with `seeds` (--seeds 1,2), not as a key")
         if k not in known:
             raise ValueError(f"unknown key {k!r}; known keys: {', '.join(known)}")
-    n = count_points(vary, seeds)
-    if n > MAX_POINTS:
-        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
-                         "vary fewer values")
+    check_points(vary, seeds)
     points = []
     for values in itertools.product(*(unique(v)[0] for v in vary.values()), unique(seeds)[0]):
         chosen = dict(zip(vary, values[:-1]))
