@@ -33,7 +33,7 @@ from ..config import COUNT, NONNEGATIVE_NUMBER, SEED, SWITCH_FIELDS, Check, flag
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
-from ..lab.launcher import LaunchError, launch
+from ..lab.launcher import LaunchError, check_nprocs, launch
 from ..perf.runtime import Job
 from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
 
@@ -189,9 +189,7 @@ def check_point(config: TrainConfig, options: dict) -> None:
             raise ValueError("warmup with DDP processes is not implemented; vary one of them")
         if nprocs:
             local_batch_size(config.batch_size, nprocs)
-            if choose_backend() == "nccl" and nprocs > num_gpus():
-                raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine "
-                                  f"has {num_gpus()}")
+            check_nprocs(nprocs, choose_backend())       # the launcher's own refusal
         else:
             resolve_devices(config.devices)
         check_fits(config.width, config.batch_size, config.devices)   # before allocating
