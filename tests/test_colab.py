@@ -3,6 +3,7 @@
 that install alone on the path. These tests test that harness on planted pages, and run the two
 pages that read records instead of training under `cpu`, as Colab without a GPU does.
 """
+import json
 import os
 import re
 import subprocess
@@ -95,10 +96,17 @@ def run_alone(notebook: Path, site: Path, folder: Path, profile: str,
     return "\n".join(str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
+def _study_seeds() -> int:
+    """The seeds of page 06's accuracy study: its chapter-loop runs, one a seed."""
+    path = ROOT / "mgpu_lib" / "recorded" / "accuracy_cpu.jsonl"
+    runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return len({r["config"]["seed"] for r in runs if not r["config"]["fast"]})
+
+
 # What a page must show under `cpu` when it reads its records instead of training.
 RECORDED_UNDER_CPU = {
-    "06_performance": ["recorded with `python -m mgpu_lib bench`", "over 20 seeds",
-                       "one run's final test accuracy over 20 seeds"],
+    "06_performance": ["recorded with `python -m mgpu_lib bench`", f"over {_study_seeds()} seeds",
+                       f"one run's final test accuracy over {_study_seeds()} seeds"],
     "ex1_hyperparameters": ["reading the recorded sweep (ex1_cpu.jsonl", "the notes' setting"],
 }
 
