@@ -87,9 +87,11 @@ class TrainResult:
     def create(cls, config: TrainConfig, *, hardware: str, num_devices: int, data_source: str,
                steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
                ) -> "TrainResult":
-        """A new run's empty result with the whole header: the one way the engines make one."""
+        """A new run's empty result with the header the core knows (the git revision is
+        added where records are stored): the one way the engines make one."""
         return cls(config=config.to_dict(), hardware=hardware, profile=config.profile,
-                   mgpu_lib=_version(), torch=str(torch.__version__), num_devices=num_devices, data_source=data_source,
+                   mgpu_lib=package_version(), torch=str(torch.__version__),
+                   num_devices=num_devices, data_source=data_source,
                    steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
 
     @property
@@ -138,7 +140,7 @@ class TrainResult:
             raise ValueError(f"{where} is not a train result ({e})") from None
 
 
-def _version() -> Optional[str]:
+def package_version() -> Optional[str]:
     """This package's installed version (None where it is not installed); the git revision is
     added where records are stored (`lab.files.stamp`)."""
     try:

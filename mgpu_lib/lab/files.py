@@ -11,13 +11,12 @@ import os
 import stat
 import subprocess
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..training import PARTIAL, SCHEMA
+from ..training import PARTIAL, SCHEMA, package_version
 
 
 def write_fully(fd: int, data: bytes) -> None:
@@ -82,10 +81,6 @@ def code_version() -> dict:
     """{"mgpu_lib": version or None, "git": revision or None}, computed once per process. The
     revision is read only where the package sits at the top of its own repository (a clone, an
     editable install), never from some other repository it is installed inside."""
-    try:
-        version = metadata.version("mgpu_lib")
-    except (metadata.PackageNotFoundError, ValueError):
-        version = None
     root = Path(__file__).resolve().parents[2]      # the clone holding mgpu_lib/lab/files.py
     rev = None
     if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
@@ -93,7 +88,7 @@ def code_version() -> dict:
         changes = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
         if rev and changes:
             rev += "+dirty"
-    return {"mgpu_lib": version, "git": rev}
+    return {"mgpu_lib": package_version(), "git": rev}
 
 
 def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
