@@ -330,7 +330,7 @@ def main(config: TrainConfig, out: Optional[str] = None,
         local_batch_size(config.batch_size, world)
         if checkpoint and not resume:
             check_fresh(checkpoint)
-        if checkpoint and int(os.environ["RANK"]) == 0:     # rank 0 alone saves
+        if checkpoint and rank == 0:     # rank 0 alone saves
             remove_partial_checkpoints(checkpoint)
         result = train(config, setup(backend, timeout_s), checkpoint, resume)
     except (ValueError, DataError, DeviceError) as e:
