@@ -1,7 +1,7 @@
 """Exercise 2: one batch split across devices of different power (a GPU and the CPU).
 
-`split.py` does the arithmetic: shares of the batch in proportion to measured speeds, and
-whether the saved compute outweighs the sync. This module measures those speeds, and
+`split.py` shares the batch in proportion to measured speeds (`perf/split_time.py` predicts
+whether the saved compute outweighs the sync). This module measures those speeds, and
 `HeteroDataParallel` does the split for real, one replica per device; `train_hetero` trains
 with it. The page's measurements of the sync and of each split are in `lab/hetero_bench.py`.
 

@@ -16,7 +16,8 @@ from mgpu_lib.book.explore import gpus_explorer, split_explorer  # noqa: E402
 from mgpu_lib.perf.evidence import band, epoch_time, workload  # noqa: E402
 from mgpu_lib.perf.runtime import step_seconds  # noqa: E402
 from mgpu_lib.perf.scaling import DEVICES, LINKS, pair_link  # noqa: E402
-from mgpu_lib.split import predict_hetero_step, split_sizes  # noqa: E402
+from mgpu_lib.perf.split_time import predict_hetero_step  # noqa: E402
+from mgpu_lib.split import split_sizes  # noqa: E402
 
 K80 = DEVICES["K80 (one GK210 die)"]
 CPUS = {"the slower recorded CPU": 60.0, "the faster recorded CPU": 110.0}

@@ -15,8 +15,8 @@ from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, default_setup, forwa
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.lab.pipeline import augment_batch, data_loader, prefetch
-from mgpu_lib.split import (best_split, predict_hetero_step, shard_grid, split_sizes,
-                             worth_it)
+from mgpu_lib.perf.split_time import best_split, predict_hetero_step, shard_grid, worth_it
+from mgpu_lib.split import split_sizes
 from mgpu_lib.training import TrainConfig
 
 from helpers import batch, bn_free_model

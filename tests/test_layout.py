@@ -301,7 +301,7 @@ def split_step(share: int, cpu_ips: float) -> str:
     """The library's step (ms) for ex2's default: a V100 and a CPU at `cpu_ips`, batch 256."""
     from mgpu_lib.perf.runtime import step_seconds
     from mgpu_lib.perf.scaling import DEVICES
-    from mgpu_lib.split import predict_hetero_step
+    from mgpu_lib.perf.split_time import predict_hetero_step
     v100 = DEVICES["V100 SXM2"]
     speeds = [256 / step_seconds(v100, 256), cpu_ips]
     return _shown_time(1e3 * predict_hetero_step(speeds, [256 - share, share], pcie_sync_s(v100)))

@@ -301,7 +301,7 @@ def test_the_break_even_slowdown_is_solved_not_read_off_a_grid():
     """Issue 36: ex2 read "about 8" off a grid of slowdowns; the crossing, solved on the
     whole-sample split, is about 9.3 for the chapter's batch beside one V100."""
     from mgpu_lib.perf.evidence import workload
-    from mgpu_lib.split import best_split, break_even_slowdown
+    from mgpu_lib.perf.split_time import best_split, break_even_slowdown
     v100, w = DEVICES["V100 SXM2"], workload(64)
     speed = 256 / step_seconds(v100, 256)
     sync = 2 * w.bytes_per_param * w.params / (LINKS[v100.pcie].gbs * 1e9)

@@ -61,7 +61,7 @@ from mgpu_lib.book.pages import recorded_cpu_rates
 from mgpu_lib.perf.runtime import StepModel, recorded_cpu, workload
 from mgpu_lib.perf.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, loader_rate,
                               spec_for_name)
-from mgpu_lib.split import best_split, shard_grid
+from mgpu_lib.perf.split_time import best_split, shard_grid
 from mgpu_lib.config import resolve_switches
 from mgpu_lib.book.sweep import as_point, key_of, load_store, plural, point_key, sweep
 from mgpu_lib.book.cli import Parser, argtype

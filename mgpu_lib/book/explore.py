@@ -25,7 +25,8 @@ from mgpu_lib.perf.published import runs
 from mgpu_lib.perf.runtime import step_seconds
 from mgpu_lib.perf.scaling import (DEVICES, LINKS, NO_P2P, RESNET18, DeviceSpec, LinkSpec,
                                    dp_python_s, pair_link, predict_step_time, spec_for_name)
-from mgpu_lib.split import predict_hetero_step, shard_grid, split_sizes
+from mgpu_lib.perf.split_time import predict_hetero_step, shard_grid
+from mgpu_lib.split import split_sizes
 
 NS = tuple(range(1, 17))
 MODES = {"per GPU": (32, 64, 128, 256, 512), "global": (256, 512, 1024, 4096)}

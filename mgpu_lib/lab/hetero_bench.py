@@ -1,5 +1,5 @@
 """Exercise 2's measurements around `hetero.HeteroDataParallel`: what the sync costs, and each
-split of a batch timed beside its prediction (`split.predict_hetero_step`)."""
+split of a batch timed beside its prediction (`perf.split_time.predict_hetero_step`)."""
 from __future__ import annotations
 
 import statistics
@@ -9,7 +9,7 @@ import torch
 
 from ..devices import timed
 from ..hetero import HeteroDataParallel
-from ..split import predict_hetero_step
+from ..perf.split_time import predict_hetero_step
 
 
 def median_seconds(fn: Callable[[], object], devices, steps: int) -> float:
@@ -44,7 +44,7 @@ def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
 def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Sequence[float],
                 sync_s: float, shares: Sequence[int], *, steps: int = 3) -> list[dict]:
     """One row per share of the batch `x` given to the second device: seconds per step predicted
-    (`split.predict_hetero_step`) and measured (the median of `steps` steps after a warm-up)."""
+    (`perf.split_time.predict_hetero_step`) and measured (the median of `steps` steps after a warm-up)."""
     b = len(x)
     return [dict(share=k, predicted_s=predict_hetero_step(speeds, [b - k, k], sync_s),
                  measured_s=median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn,

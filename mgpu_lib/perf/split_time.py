@@ -1,0 +1,91 @@
+"""Whether a split pays: a split's predicted step time, the best split, and the break-even.
+
+`split.split_sizes` shares a batch by measured speed; here its step is predicted (the slowest
+shard plus the sync) and set against the fastest device alone. Exercise 2 reads these; the
+measured speeds and sync come from `hetero.py` and `lab/hetero_bench.py`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Optional, Sequence
+
+from ..split import check_speeds, split_sizes
+
+
+def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: float) -> float:
+    """Predicted seconds per step: the slowest shard, plus `sync_s` when two or more devices work.
+
+    A device with work and speed 0 never finishes: the answer is `inf`.
+    """
+    speeds = check_speeds(speeds)
+    if len(sizes) != len(speeds):
+        raise ValueError(f"{len(sizes)} sizes for {len(speeds)} speeds")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ValueError(f"sizes must be integers >= 0, got {list(sizes)}")
+    if not (isinstance(sync_s, Real) and math.isfinite(sync_s) and sync_s >= 0):
+        raise ValueError(f"sync_s must be a finite number >= 0, got {sync_s!r}")
+    shard_s = [n / s if s > 0 else math.inf for n, s in zip(sizes, speeds) if n > 0]
+    return max(shard_s, default=0.0) + (sync_s if len(shard_s) > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """A split, its predicted step time, and the fastest device alone for comparison."""
+    sizes: tuple[int, ...]
+    step_s: float       # predicted: slowest shard + sync
+    alone_s: float      # predicted: the whole batch on the fastest device, no sync
+    sync_s: float = 0.0  # the sync paid (0 when only one device has work)
+
+    @property
+    def speedup(self) -> float:
+        return self.alone_s / self.step_s if self.step_s > 0 else math.inf
+
+    @property
+    def worth_it(self) -> bool:
+        return self.speedup > 1.0
+
+
+def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
+    """The split with the smallest slowest shard (`split_sizes`), its predicted step time and
+    its predicted speedup over the fastest device alone."""
+    speeds = check_speeds(speeds)
+    sizes = split_sizes(total, speeds)
+    paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
+    return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
+                     total / max(speeds), paid)
+
+
+def worth_it(total: int, speeds: Sequence[float], sync_s: float) -> tuple[bool, float]:
+    """(does splitting beat the fastest device alone?, the predicted speedup), sync included."""
+    plan = best_split(total, speeds, sync_s)
+    return plan.worth_it, plan.speedup
+
+
+def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
+    """Sample counts for the slower device to try: 0, around `ideal`, up to about 3 x ideal."""
+    top = min(total, max(3 * ideal, points - 1))
+    grid = {round(top * k / (points - 1)) for k in range(points)} | {ideal}
+    return sorted(grid)
+
+
+def break_even_slowdown(total: int, speed: float, sync_s: float) -> Optional[float]:
+    """How many times slower than a device of `speed` (images/s) a second device can be
+    before giving it a share of `total` stops paying, sync included: the k where
+    `best_split(total, [speed, speed / k], sync_s).speedup` falls to 1 (solved by bisection on
+    the whole-sample split, which only slows as k grows). None: even an equal device does not
+    pay for the sync."""
+    speed = check_speeds([speed])[0]
+    if speed <= 0:
+        raise ValueError("speed must be > 0")
+    pays = lambda k: best_split(total, [speed, speed / k], sync_s).speedup > 1.0
+    if not pays(1.0):
+        return None
+    lo, hi = 1.0, 2.0
+    while pays(hi):      # ends: once k > total, one image there outlasts the whole batch
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return (lo + hi) / 2
