@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import textwrap
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -38,8 +37,6 @@ CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
 # A checkpoint continues only the run it came from: these settings must match (epochs may grow).
 CKPT_KEYS = ("batch_size", "lr", "seed", "width", "train_limit", "test_limit", "data_source")
-# What a checkpoint holds; `restore` reads every one of them.
-CKPT_ENTRIES = ("format", "epoch", "config", "world_size", "model", "optimizer", "rng", "result")
 # A collective waits this long for a silent rank (a stopped or hung process) before failing.
 # Long enough for rank 0's evaluation at the end of an epoch, short enough to notice a hang.
 COLLECTIVE_TIMEOUT_S = 300.0
@@ -97,7 +94,7 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
              "result": json.loads(json.dumps(result.to_dict()))}
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    return replace_file(checkpoint_file(folder), buffer.getvalue())
+    return replace_file(folder / CKPT_NAME, buffer.getvalue())
 
 
 def replace_file(path, data: bytes) -> Path:
@@ -114,105 +111,35 @@ def replace_file(path, data: bytes) -> Path:
     return path
 
 
-def checkpoint_file(folder) -> Path:
-    """`folder`'s checkpoint, where saves go: through a link, to the file it points to. A
-    CheckpointError if something else is there (a FIFO, a device, a folder, a link to nothing),
-    which a save would replace."""
-    path = Path(folder) / CKPT_NAME
-    if os.path.lexists(path) and not path.is_file():     # a FIFO, a folder, a link to nothing
-        raise CheckpointError(f"{path} is not a file, and a checkpoint would replace it; name "
-                              f"another --checkpoint folder")
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
-
-
-def remove_partial_checkpoints(folder) -> None:
-    """Delete what killed saves left: `replace_file`'s temporary files, and nothing else."""
-    for tmp in checkpoint_file(folder).parent.glob(f".{CKPT_NAME}{PARTIAL}*"):
-        if tmp.is_file() and not tmp.is_symlink():
-            tmp.unlink(missing_ok=True)
-
-
 def check_fresh(folder) -> None:
     """Refuse to start a run (not `--resume`) over a checkpoint that is already in `folder`."""
-    if folder and checkpoint_file(folder).exists():
+    if folder and os.path.lexists(Path(folder) / CKPT_NAME):
         raise CheckpointError(f"{Path(folder) / CKPT_NAME} exists (from an earlier run); use "
                               f"--resume to continue it, or another --checkpoint folder")
 
 
-def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[dict]:
-    """The checkpoint in `folder`, checked against this run; None if there is none. A
-    CheckpointError if it is truncated or corrupt, belongs to a different run, or holds more
-    epochs than `config.num_epochs` (resuming it would train nothing and report more epochs than
-    were asked for)."""
-    path = checkpoint_file(folder)
+def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimizer,
+            result: TrainResult) -> int:
+    """Continue from `folder`'s checkpoint: its weights, optimizer state and epochs so far go
+    into `net`, `optimizer` and `result`; its epoch is returned (0 where there is none). A file
+    that does not load, or another run's, is a one-line CheckpointError (the launcher checks a
+    checkpoint in full before any rank starts: `lab/checkpoints.py`)."""
+    path = Path(folder) / CKPT_NAME
     if not path.is_file():
-        return None
-    state = _read_checkpoint(path)
-    want = {k: getattr(config, k) for k in CKPT_KEYS}
-    diff = [f"{k} {state['config'].get(k)!r} != {v!r}" for k, v in want.items()
-            if state["config"].get(k) != v]
-    if state["world_size"] != world_size:
-        diff.append(f"world size {state['world_size']} != {world_size}")
-    if diff:
-        raise CheckpointError(f"checkpoint {path.name} belongs to a different run: "
-                              f"{'; '.join(diff)}")
-    if state["epoch"] > config.num_epochs:
-        raise CheckpointError(f"checkpoint {path} has {state['epoch']} epochs, more than "
-                              f"--epochs {config.num_epochs} (num_epochs); resume with "
-                              f"--epochs {state['epoch']} or more")
-    return state
-
-
-def _read_checkpoint(path: Path) -> dict:
-    """The whole dict in `path`, with every entry `restore` reads, else a CheckpointError."""
+        return 0
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:         # zip, pickle and EOF errors: all mean "not a whole file"
-        first = textwrap.shorten((str(e).splitlines() or [type(e).__name__])[0], 120,
-                                 placeholder=" ...")
-        raise CheckpointError(f"checkpoint {path.name} in {path.parent.name!r} is truncated "
-                              f"or corrupt ({first}); delete it or run without --resume") from None
-    problem = _checkpoint_problem(state)
-    if problem:
-        raise CheckpointError(f"checkpoint {path} is not an mgpu_lib DDP checkpoint of format "
-                              f"{CKPT_FORMAT} ({problem}); delete it or run without --resume")
-    return state
-
-
-def _checkpoint_problem(state) -> Optional[str]:
-    """What keeps `state` from being restored (so that `restore` meets no KeyError), or None."""
-    if not isinstance(state, dict):
-        return f"it holds a {type(state).__name__}, not a dict"
-    missing = [k for k in CKPT_ENTRIES if k not in state]
-    if missing:
-        return f"no {', '.join(missing)}"
-    if state["format"] != CKPT_FORMAT:
-        return f"format {state['format']!r}"
-    if not isinstance(state["config"], dict) or not isinstance(state["epoch"], int) or \
-            not isinstance(state["result"], dict) or any(m not in state["result"] for m in METRICS):
-        return "a malformed config, epoch or result"
-    if state["epoch"] < 0 or any(len(state["result"][m]) != state["epoch"] for m in METRICS):
-        return f"epoch {state['epoch']} does not match its {len(state['result']['train_loss'])} " \
-               f"recorded epochs"
-    optimizer = state["optimizer"]
-    if not isinstance(state["model"], dict) or not isinstance(optimizer, dict) or \
-            any(k not in optimizer for k in ("state", "param_groups")):
-        return "no model or optimizer state"
-    return None
-
-
-def restore(state: dict, net: nn.Module, optimizer, result: TrainResult) -> int:
-    """Load a checked checkpoint into `net`, `optimizer` and `result`; return its epoch. Every
-    tensor's name and shape is checked before anything is copied, so a mismatch leaves the model
-    untouched rather than half-loaded."""
-    own = net.state_dict()
-    theirs = state["model"]
-    bad = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
-    if bad:
-        raise CheckpointError(f"checkpoint model does not match this model (first: {bad[0]})")
-    net.load_state_dict(theirs)
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])   # nothing here draws random numbers yet; dropout would
+        mine = {k: getattr(config, k) for k in CKPT_KEYS}
+        if (state["config"], state["world_size"]) != (mine, world_size):
+            raise ValueError(f"it belongs to a different run ({state['config']}, world size "
+                             f"{state['world_size']})")
+        net.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])   # nothing draws random numbers yet; dropout would
+    except Exception as e:     # a torn file, a pickle, another run: one line, not a traceback
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(f"checkpoint {path} cannot be resumed ({first}); delete it or "
+                              f"run without --resume") from None
     for key in METRICS + BN_METRICS:     # a checkpoint from before the readings has none
         setattr(result, key, list(state["result"].get(key, [])))
     result.extra["resumed_from_epoch"] = state["epoch"]
@@ -275,9 +202,8 @@ def train(config: TrainConfig, device, checkpoint=None,
                                 steps_per_epoch=len(train_iter),
                                 extra={"switches": switches.to_dict(),
                                        **job_extra(train_iter)})
-    state = (load_checkpoint(checkpoint, config, world) if checkpoint and resume
-             else None)
-    start = restore(state, net, optimizer, result) if state else 0
+    start = (restore(checkpoint, config, world, net, optimizer, result)
+             if checkpoint and resume else 0)
 
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
@@ -330,8 +256,6 @@ def main(config: TrainConfig, out: Optional[str] = None,
         local_batch_size(config.batch_size, world)
         if checkpoint and not resume:
             check_fresh(checkpoint)
-        if checkpoint and rank == 0:     # rank 0 alone saves
-            remove_partial_checkpoints(checkpoint)
         result = train(config, setup(backend, timeout_s), checkpoint, resume)
     except (ValueError, DataError, DeviceError) as e:
         raise RankInputError(str(e)) from e

@@ -23,7 +23,7 @@ from torch import nn
 from mgpu_lib.book.store import load_result
 from mgpu_lib import ddp
 from mgpu_lib.data import shard_indices
-from mgpu_lib.lab import launcher
+from mgpu_lib.lab import checkpoints, launcher
 from mgpu_lib.perf import scaling
 from mgpu_lib.book.cli import main
 from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
@@ -270,22 +270,24 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
     config = tiny()
     _saved_checkpoint(tmp_path, config)
     assert not list(tmp_path.glob(".*"))                 # the temporary file was renamed
-    state = ddp.load_checkpoint(tmp_path, config.replace(num_epochs=5), 2)   # more epochs: ok
+    more = config.replace(num_epochs=5)                   # more epochs: ok
+    assert checkpoints.load_checkpoint(tmp_path, more, 2)["epoch"] == 1
     net = make_model(config.replace(seed=7), "cpu")
     result = TrainResult(config={}, hardware="", num_devices=2, data_source="", steps_per_epoch=1)
-    assert ddp.restore(state, net, torch.optim.SGD(net.parameters(), lr=1), result) == 1
-    assert torch.equal(net.state_dict()["0.weight"], state["model"]["0.weight"])
-    assert result.test_acc == [0.5]
+    opt = torch.optim.SGD(net.parameters(), lr=1)
+    assert ddp.restore(tmp_path, more, 2, net, opt, result) == 1       # what a rank does
+    saved = torch.load(tmp_path / ddp.CKPT_NAME, weights_only=True)
+    assert torch.equal(net.state_dict()["0.weight"], saved["model"]["0.weight"])
+    assert result.test_acc == [0.5] and result.extra["resumed_from_epoch"] == 1
     with pytest.raises(ddp.CheckpointError, match="different run: lr 0.05 != 0.1"):
-        ddp.load_checkpoint(tmp_path, config.replace(lr=0.1), 2)
+        checkpoints.load_checkpoint(tmp_path, config.replace(lr=0.1), 2)
     with pytest.raises(ddp.CheckpointError, match="world size 2 != 4"):
-        ddp.load_checkpoint(tmp_path, config, 4)
-    wide = make_model(config.replace(width=8), "cpu")
-    before = {k: v.clone() for k, v in wide.state_dict().items()}
-    with pytest.raises(ddp.CheckpointError, match="does not match this model"):
-        ddp.restore(state, wide, torch.optim.SGD(wide.parameters(), lr=1), result)
-    assert all(torch.equal(v, before[k]) for k, v in wide.state_dict().items())  # untouched
-    assert ddp.load_checkpoint(tmp_path / "none", config, 2) is None
+        checkpoints.load_checkpoint(tmp_path, config, 4)
+    for other, world in ((config.replace(lr=0.1), 2), (config, 4)):   # a rank refuses it too
+        with pytest.raises(ddp.CheckpointError, match="cannot be resumed.*different run"):
+            ddp.restore(tmp_path, other, world, net, opt, result)
+    assert checkpoints.load_checkpoint(tmp_path / "none", config, 2) is None
+    assert ddp.restore(tmp_path / "none", config, 2, net, opt, result) == 0
 
 
 def test_truncated_checkpoint_is_refused(tmp_path, capsys):
@@ -293,7 +295,7 @@ def test_truncated_checkpoint_is_refused(tmp_path, capsys):
     path = _saved_checkpoint(tmp_path, config)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):
-        ddp.load_checkpoint(tmp_path, config, 2)
+        checkpoints.load_checkpoint(tmp_path, config, 2)
     with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):   # before any start
         launcher.launch(config, 2, checkpoint=tmp_path, resume=True)
     code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke",

@@ -15,7 +15,7 @@ import torch.distributed
 
 from mgpu_lib.book.store import load_result
 from mgpu_lib import ddp
-from mgpu_lib.lab import launcher
+from mgpu_lib.lab import checkpoints, launcher
 from mgpu_lib.book import sweep
 from mgpu_lib.book import cli
 from mgpu_lib.book.cli import main
@@ -232,7 +232,7 @@ def test_checkpoint_without_config_is_a_one_line_error(tmp_path, capsys, no_job)
     for lacking in ("config", "world_size", "result"):
         torch.save({k: v for k, v in whole.items() if k != lacking}, tmp_path / ddp.CKPT_NAME)
         with pytest.raises(ddp.CheckpointError, match=f"not an mgpu_lib DDP.*no {lacking}"):
-            ddp.load_checkpoint(tmp_path, config, 2)
+            checkpoints.load_checkpoint(tmp_path, config, 2)
     assert main(ddp_train("--checkpoint", str(tmp_path), "--resume")) == 2
     err = capsys.readouterr().err
     assert _one_line(err) and "no result" in err, err
@@ -244,9 +244,9 @@ def test_resume_with_fewer_epochs_than_the_checkpoint_is_refused(tmp_path, capsy
     """Before: --resume --epochs 1 over a 3-epoch checkpoint reported 3 epochs as num_epochs=1."""
     path = _checkpoint(tmp_path, tiny(), 3)
     before = path.read_bytes()
-    assert ddp.load_checkpoint(tmp_path, tiny(num_epochs=3), 2)["epoch"] == 3   # done: fine
+    assert checkpoints.load_checkpoint(tmp_path, tiny(num_epochs=3), 2)["epoch"] == 3   # done: fine
     with pytest.raises(ddp.CheckpointError, match="has 3 epochs, more than --epochs 1"):
-        ddp.load_checkpoint(tmp_path, tiny(num_epochs=1), 2)
+        checkpoints.load_checkpoint(tmp_path, tiny(num_epochs=1), 2)
     assert main(ddp_train("--epochs", "1", "--checkpoint", str(tmp_path), "--resume")) == 2
     err = capsys.readouterr().err
     assert _one_line(err) and "has 3 epochs, more than --epochs 1" in err, err
@@ -282,7 +282,7 @@ def test_a_malformed_checkpoint_is_a_one_line_error(tmp_path, capsys, no_job, ch
     change(state)
     torch.save(state, path)
     with pytest.raises(ddp.CheckpointError, match=problem):
-        ddp.load_checkpoint(tmp_path, tiny(num_epochs=3), 2)
+        checkpoints.load_checkpoint(tmp_path, tiny(num_epochs=3), 2)
     assert main(ddp_train("--epochs", "3", "--checkpoint", str(tmp_path), "--resume")) == 2
     err = capsys.readouterr().err
     assert _one_line(err) and problem in err, err
@@ -296,7 +296,7 @@ def test_a_checkpoint_cause_is_cut_at_a_word(tmp_path, monkeypatch):
         raise RuntimeError("unpickling " * 30)
     monkeypatch.setattr(torch, "load", unreadable)
     with pytest.raises(ddp.CheckpointError) as bad:
-        ddp.load_checkpoint(tmp_path, tiny(), 2)
+        checkpoints.load_checkpoint(tmp_path, tiny(), 2)
     cause = str(bad.value).split("(", 1)[1].split(")")[0]
     assert cause.endswith(" ...") and set(cause[:-4].split()) == {"unpickling"}, cause
 
@@ -375,10 +375,10 @@ def test_a_new_run_removes_what_a_killed_save_left(tmp_path):
         p.write_bytes(b"the user's copy")
     (tmp_path / f".{ddp.CKPT_NAME}.d").mkdir()
     (tmp_path / f".{ddp.CKPT_NAME}{PARTIAL}dir").mkdir()
-    ddp.remove_partial_checkpoints(tmp_path)
+    checkpoints.remove_partial_checkpoints(tmp_path)
     assert not torn.exists() and path.exists() and all(p.exists() for p in mine)
     assert (tmp_path / f".{ddp.CKPT_NAME}.d").is_dir()
-    ddp.remove_partial_checkpoints(tmp_path / "not yet made")        # nothing to do
+    checkpoints.remove_partial_checkpoints(tmp_path / "not yet made")        # nothing to do
 
 
 def test_a_worker_run_by_hand_says_what_is_missing_in_one_line(monkeypatch, capsys, tmp_path):
@@ -454,9 +454,9 @@ def test_a_checkpoint_through_a_link_is_saved_where_the_link_points(tmp_path):
     link = tmp_path / "link" / ddp.CKPT_NAME
     link.parent.mkdir()
     link.symlink_to(real)
-    assert ddp.load_checkpoint(link.parent, config, 2)["epoch"] == 1
+    assert checkpoints.load_checkpoint(link.parent, config, 2)["epoch"] == 1
     _checkpoint(link.parent, config, 2)
-    assert link.is_symlink() and ddp.load_checkpoint(real.parent, config, 2)["epoch"] == 2
+    assert link.is_symlink() and checkpoints.load_checkpoint(real.parent, config, 2)["epoch"] == 2
     assert not list(real.parent.glob(f".{ddp.CKPT_NAME}.*")) and len(list(link.parent.iterdir())) == 1
 
 

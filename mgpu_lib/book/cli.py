@@ -37,6 +37,7 @@ from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable
 from ..config import COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, flag_name, on_cli
+from ..lab import checkpoints
 from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
@@ -287,6 +288,8 @@ def cmd_worker(args) -> int:
             check_writable(args.out)
         if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
             check_writable(Path(args.checkpoint) / CKPT_NAME)
+            checkpoints.check(args.checkpoint, config, int(os.environ["WORLD_SIZE"]),
+                              args.resume)
         ddp.main(config, args.out, args.checkpoint, args.resume, args.backend, args.timeout)
     except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
         print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,

@@ -19,10 +19,10 @@ from pathlib import Path
 import psutil
 
 from ..config import TrainConfig
-from ..ddp import (COLLECTIVE_TIMEOUT_S, LOG, check_fresh, choose_backend, cpu_threads,
-                   load_checkpoint, local_batch_size)
+from ..ddp import COLLECTIVE_TIMEOUT_S, LOG, choose_backend, cpu_threads, local_batch_size
 from ..devices import DeviceError, num_gpus
 from ..training import TrainResult
+from . import checkpoints
 from .failures import Ended, LaunchError, failure, read_failures  # noqa: F401 (LaunchError)
 from .reaper import MARK, kill_ranks, reaped, stop, stop_all, tree  # noqa: F401 (tree, stop_all)
 
@@ -135,7 +135,7 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
     check_nprocs(nprocs, backend)
     if checkpoint:      # a bad checkpoint, or another run's, is refused now
-        load_checkpoint(checkpoint, config, nprocs) if resume else check_fresh(checkpoint)
+        checkpoints.check(checkpoint, config, nprocs, resume)
     with job_folder("mgpu-ddp-") as job:
         given, out = job / "config.json", job / "result.json"
         given.write_text(json.dumps(config.to_dict()), encoding="utf-8")
