@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .data import SOURCES
-from .devices import autocast_dtype, cpu_bf16_support
+from .devices import autocast_dtype
 
 SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
 
@@ -214,17 +214,6 @@ REFERENCE = Switches()
 SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
 
 
-def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
-    """Whether `device` computes in bf16 natively: only then may "auto" consider bf16 (on CUDA,
-    compute capability 8.0 and newer: `autocast_dtype` says why not `is_bf16_supported`)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return autocast_dtype(device) == "bf16"
-    if device.type == "cpu":
-        return (cpu_support or cpu_bf16_support()) != "none"
-    return False
-
-
 def channels_last_safe(device_type: str, width: int) -> bool:
     """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`.
 
@@ -260,7 +249,7 @@ def resolve_switches(config, device) -> Switches:
     def pick(value, auto: bool) -> bool:
         return auto if value == AUTO else bool(value)
 
-    bf16 = pick(config.bf16, cuda and native_bf16(device))
+    bf16 = pick(config.bf16, autocast_dtype(device) == "bf16")   # CUDA from 8.0 only
     fp16 = not bf16 and pick(config.fp16, autocast_dtype(device) == "fp16")
     if fp16 and not cuda:
         raise ValueError("fp16 autocast with a GradScaler needs a CUDA GPU; on a CPU use bf16")

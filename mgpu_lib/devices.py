@@ -70,39 +70,14 @@ def _describe_available() -> str:
     return "no GPU (only the CPU)"
 
 
-def _cpuinfo(field: str) -> Optional[str]:
-    """The first `field : value` line of /proc/cpuinfo (None where there is no such file)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def cpu_name() -> str:
     """The CPU's model name, read from /proc/cpuinfo where it exists."""
-    name = _cpuinfo("model name")
-    if name:
-        return " ".join(name.split())
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def cpu_flags() -> set:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is no such file)."""
-    return set((_cpuinfo("flags") or "").split())
-
-
-def cpu_bf16_support(flags: Optional[set] = None) -> str:
-    """"amx" (AMX-BF16 tiles), "avx512_bf16" (bf16 dot products) or "none" (emulated)."""
-    flags = cpu_flags() if flags is None else flags
-    if "amx_bf16" in flags:
-        return "amx"
-    if "avx512_bf16" in flags:
-        return "avx512_bf16"
-    return "none"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return " ".join(name.split()) or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def autocast_dtype(device) -> Optional[str]:
@@ -116,17 +91,6 @@ def autocast_dtype(device) -> Optional[str]:
         return None
     capability = torch.cuda.get_device_capability(device)
     return "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else None
-
-
-def cpu_isa(flags: Optional[set] = None) -> str:
-    """The widest vector instructions the CPU has, as a reader would name them: "AMX",
-    "AVX-512 BF16", "AVX-512", "AVX2" or "" (two 2-core EPYCs can differ 3x in speed)."""
-    flags = cpu_flags() if flags is None else flags
-    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"),
-                       ("avx512f", "AVX-512"), ("avx2", "AVX2")):
-        if flag in flags:
-            return name
-    return ""
 
 
 def synchronize(devices) -> None:
@@ -157,7 +121,7 @@ class timed:
 
 def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
     """A short hardware string printed beside every figure, e.g. '2 x NVIDIA H200' or
-    'CPU: AMD EPYC 7B13, 2 threads (torch uses 2)'."""
+    'CPU: AMD EPYC 7B13 (AVX512), 2 threads (torch uses 2)'."""
     devices = list(devices) if devices is not None else try_all_gpus()
     names = [torch.cuda.get_device_name(torch.device(d)) for d in devices
              if torch.device(d).type == "cuda"]
@@ -165,8 +129,8 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
     if any(torch.device(d).type == "mps" for d in devices):
         parts.append("Apple MPS")
     if any(torch.device(d).type == "cpu" for d in devices):
-        isa = f" ({cpu_isa()})" if cpu_isa() else ""
-        parts.append(f"CPU: {cpu_name()}{isa}, {os.cpu_count()} threads "
+        isa = torch.backends.cpu.get_cpu_capability()   # the kernels torch runs: AVX512, AVX2
+        parts.append(f"CPU: {cpu_name()} ({isa}), {os.cpu_count()} threads "
                      f"(torch uses {torch.get_num_threads()})")
     return " + ".join(parts)
 

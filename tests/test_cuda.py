@@ -13,7 +13,8 @@ from torch import nn
 from mgpu_lib.lab.anatomy import dp_breakdown
 from mgpu_lib.lab.launcher import launch
 from mgpu_lib.hetero import HeteroDataParallel
-from mgpu_lib.config import REFERENCE, native_bf16, resolve_switches
+from mgpu_lib.config import REFERENCE, resolve_switches
+from mgpu_lib.lab.bench import native_bf16
 from mgpu_lib.training import TrainConfig, make_model, train
 
 from helpers import batch, bn_free_model

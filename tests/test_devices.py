@@ -39,9 +39,7 @@ def test_describe_cpu():
     assert text.startswith("CPU: ") and "threads" in text
 
 
-def test_cpu_isa_names_the_widest_vector_instructions():
-    assert devices.cpu_isa({"avx2", "fma"}) == "AVX2"
-    assert devices.cpu_isa({"avx2", "avx512f"}) == "AVX-512"
-    assert devices.cpu_isa({"avx512f", "avx512_bf16"}) == "AVX-512 BF16"
-    assert devices.cpu_isa({"avx512_bf16", "amx_bf16"}) == "AMX"
-    assert devices.cpu_isa(set()) == ""
+def test_describe_cpu_names_the_kernels_torch_runs(monkeypatch):
+    """Two 2-core EPYCs can differ 3x: the ISA torch dispatches to is part of the name."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert "(AVX2), " in describe_devices([torch.device("cpu")])

@@ -11,12 +11,11 @@ from torch import nn
 
 from mgpu_lib.lab import bench
 from mgpu_lib.book import store as results
-from mgpu_lib import config as sw_mod
 from mgpu_lib.book.cli import main
 from mgpu_lib.chapter import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
-from mgpu_lib.devices import cpu_bf16_support
-from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe, native_bf16,
+from mgpu_lib.lab.bench import cpu_bf16_support, native_bf16
+from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe,
                                prepare_model, resolve_switches)
 from mgpu_lib.training import TrainConfig, make_model, make_step, train
 
@@ -62,25 +61,17 @@ def test_cpu_bf16_support_reads_flags(flags, expected):
     assert cpu_bf16_support(flags) == expected
 
 
-def test_auto_never_picks_bf16_on_a_cpu_without_native_support(monkeypatch):
+def test_auto_never_picks_bf16_on_a_cpu(monkeypatch):
+    """No probing, and no bf16 on any CPU unless asked for (native or not: the bench measures
+    it, `native_bf16`): the same config gets the same switches whatever the machine."""
     assert not native_bf16("cpu", "none")
     assert native_bf16("cpu", "avx512_bf16") and native_bf16("cpu", "amx")
-    monkeypatch.setattr(sw_mod, "cpu_bf16_support", lambda: "none")
-    config = TrainConfig(width=4, batch_size=8)
-    assert resolve_switches(config, "cpu").bf16 is False
-    assert resolve_switches(config.replace(bf16=True), "cpu").bf16 is True   # asked for: kept
-
-
-@pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"},
-                                   {"avx2", "fma"}])
-def test_auto_on_cpu_is_fixed_fp32(monkeypatch, flags):
-    """No probing, and no bf16 on any CPU unless asked for: the same config gets the same
-    switches whatever the machine's load, and native bf16 does not change the numerics."""
-    monkeypatch.setattr(sw_mod, "cpu_bf16_support", lambda: cpu_bf16_support(flags))
-    sw = resolve_switches(TrainConfig(width=16, batch_size=8), "cpu")
+    config = TrainConfig(width=16, batch_size=8)
+    sw = resolve_switches(config, "cpu")
     assert sw == Switches(device_data=True, channels_last=True, bf16=False,
                           cudnn_benchmark=False, compile=False, eval_batch_size=EVAL_BATCH)
-    explicit = resolve_switches(TrainConfig(width=16, batch_size=8, channels_last=False), "cpu")
+    assert resolve_switches(config.replace(bf16=True), "cpu").bf16 is True   # asked for: kept
+    explicit = resolve_switches(config.replace(channels_last=False), "cpu")
     assert not explicit.channels_last
 
 

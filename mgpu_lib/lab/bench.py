@@ -5,6 +5,7 @@ TFLOP/s against the device's peak; `measure` times any set of switches (the abla
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -21,15 +22,40 @@ from torch import nn
 
 from ..chapter import chapter_loader, chapter_step, chapter_workers
 from ..data import DeviceLoader, synthetic_fashion_mnist
-from ..devices import DeviceError, cpu_bf16_support, describe_devices, num_gpus, timed, try_gpu
+from ..devices import (DeviceError, autocast_dtype, describe_devices, num_gpus, timed,
+                       try_gpu)
 from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
-from ..config import AUTO, REFERENCE, Switches, native_bf16, prepare_model, resolve_switches
+from ..config import AUTO, REFERENCE, Switches, prepare_model, resolve_switches
 from .files import record_header as header
 from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
 
 CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
+
+
+def cpu_bf16_support(flags: Optional[set] = None) -> str:
+    """"amx" (AMX-BF16 tiles), "avx512_bf16" (bf16 dot products) or "none" (emulated), from
+    the CPU's flags in /proc/cpuinfo (none where there is no such file)."""
+    if flags is None:
+        flags = set()
+        if os.path.exists("/proc/cpuinfo"):
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = set(next((line.split(":", 1)[1] for line in f
+                                  if line.startswith("flags")), "").split())
+    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+
+
+def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
+    """Whether `device` computes in bf16 natively, where the bench tries bf16: CUDA from compute
+    capability 8.0 (`devices.autocast_dtype`), a CPU with AVX512-BF16 or AMX."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return autocast_dtype(device) == "bf16"
+    if device.type == "cpu":
+        return (cpu_support or cpu_bf16_support()) != "none"
+    return False
+
 
 
 def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
