@@ -3,7 +3,7 @@
     python -m mgpu_lib train --devices 2 --batch-size 512 --lr 0.2 --epochs 10
 
 `fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer
-(`hetero.py`) each hand it a `step(x, y)` and do what is theirs after each epoch it yields.
+(`lab/hetero_bench.py`) each hand it a `step(x, y)` and do what is theirs after each epoch.
 Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
 `train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
 and every timer reading follows `torch.cuda.synchronize()`.

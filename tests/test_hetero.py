@@ -10,8 +10,8 @@ from torch import nn
 
 from mgpu_lib import hetero as hetero_mod
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
-from mgpu_lib.hetero import (SIMULATED, HeteroDataParallel, default_setup, forward_backward,
-                             measure_throughput, train_hetero)
+from mgpu_lib.hetero import HeteroDataParallel, forward_backward
+from mgpu_lib.lab.hetero_bench import SIMULATED, default_setup, measure_throughput, train_hetero
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.lab.pipeline import augment_batch, data_loader, prefetch

@@ -50,9 +50,9 @@ from mgpu_lib.devices import cpu_name, describe_devices, timed
 from mgpu_lib.lab.diagnose import chapter_loader_images_per_s, topology
 from mgpu_lib.perf.evidence import (Calibration, calibrate, cpu_spec, half_speed_batch, leave_one_out,
                                published_fit)
-from mgpu_lib.hetero import HeteroDataParallel, default_setup, measure_throughput
+from mgpu_lib.hetero import HeteroDataParallel
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
-from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
+from mgpu_lib.lab.hetero_bench import default_setup, measure_sync, measure_throughput, split_curve
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.lab.files import record_header

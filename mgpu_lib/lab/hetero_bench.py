@@ -1,15 +1,92 @@
-"""Exercise 2's measurements around `hetero.HeteroDataParallel`: what the sync costs, and each
-split of a batch timed beside its prediction (`perf.split_time.predict_hetero_step`)."""
+"""Exercise 2's measurements around `hetero.HeteroDataParallel`: each device's speed, what the
+sync costs, each split of a batch timed beside its prediction
+(`perf.split_time.predict_hetero_step`), and a small trainer.
+
+On a machine without a GPU, `default_setup()` stands two CPU replicas in for two devices: each
+gets half the cores, and the second idles after its real work as long as a device `slowdown`
+times slower would still be computing. Everything it measures is labelled SIMULATED.
+"""
 from __future__ import annotations
 
+import contextlib
+import copy
+import os
 import statistics
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
+from torch import nn
 
-from ..devices import timed
-from ..hetero import HeteroDataParallel
+from ..config import Switches
+from ..devices import cpu_name, describe_devices, num_gpus, timed
+from ..hetero import HeteroDataParallel, forward_backward
 from ..perf.split_time import predict_hetero_step
+from ..split import split_sizes
+from ..training import (TrainConfig, TrainResult, evaluate_accuracy, fit, load_data, make_model,
+                        progress_bar)
+
+SIMULATED = "SIMULATED"
+
+
+def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 5,
+                       warmup: int = 2, slowdown: float = 1.0) -> float:
+    """Images per second for forward plus backward on `device`, after `warmup` steps; on a
+    copy, so `net` (its weights and BatchNorm statistics) is left untouched."""
+    device = torch.device(device)
+    net = copy.deepcopy(net).to(device).train()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(batch_size, 1, 28, 28, generator=g).to(device)
+    y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def one_step():
+        net.zero_grad(set_to_none=True)
+        forward_backward(net, x, y, loss_fn, slowdown=slowdown)
+
+    for _ in range(warmup):
+        one_step()
+    with timed([device]) as t:
+        for _ in range(steps):
+            one_step()
+    return batch_size * steps / t.seconds
+
+
+@contextlib.contextmanager
+def torch_threads(n: Optional[int]):
+    """Run the body with `n` intra-op CPU threads (None: leave as is), then restore."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class HeteroSetup:
+    """Which devices to pair, how to label them, and (when SIMULATED) how to fake a slow one."""
+    devices: tuple[str, ...]
+    names: tuple[str, ...]
+    slowdowns: tuple[float, ...]
+    threads: Optional[int]     # CPU threads while it runs (None: unchanged)
+    simulated: bool
+    label: str                 # printed beside every figure
+
+
+def default_setup(slowdown: float = 3.0) -> HeteroSetup:
+    """`cuda:0` + `cpu` where a GPU exists; else two SIMULATED CPU replicas, one throttled."""
+    if num_gpus():
+        return HeteroSetup(("cuda:0", "cpu"), ("GPU", "CPU"), (1.0, 1.0), None, False,
+                           describe_devices(["cuda:0", "cpu"]))
+    half = max(1, (os.cpu_count() or 2) // 2)
+    label = (f"{SIMULATED}: 2 replicas on {cpu_name()}, {half} thread(s) each; "
+             f"replica B throttled {slowdown:g}x")
+    return HeteroSetup(("cpu", "cpu"), (f"A (fast, {SIMULATED})", f"B (slow, {SIMULATED})"),
+                       (1.0, float(slowdown)), half, True, label)
+
+
 
 
 def median_seconds(fn: Callable[[], object], devices, steps: int) -> float:
@@ -50,3 +127,36 @@ def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Seque
                  measured_s=median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn,
                                                             [b - k, k]), hdp.devices, steps))
             for k in shares]
+
+
+def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, data=None,
+                 progress: bool = True) -> TrainResult:
+    """Train a fresh ResNet-18 with `HeteroDataParallel` over `setup` (default: `default_setup()`).
+    Each device's speed is measured first, and every batch is split by `split_sizes`.
+    `config.devices` is not used: the setup names the devices."""
+    setup = setup or default_setup()
+    main = torch.device(setup.devices[0])
+    # batches made on the main device, evaluated at the training batch size
+    train_iter, test_iter = data or load_data(config, main, Switches(device_data=True))
+    with torch_threads(setup.threads):
+        net = make_model(config, main)
+        speeds = [measure_throughput(net, d, config.batch_size, steps=2, warmup=1, slowdown=k)
+                  for d, k in zip(setup.devices, setup.slowdowns)]
+        with HeteroDataParallel(net, setup.devices, speeds, slowdowns=setup.slowdowns) as hdp:
+            extra = dict(setup=asdict(setup), speeds=speeds,
+                         sizes=split_sizes(config.batch_size, speeds))
+            result = TrainResult.create(config, hardware=setup.label,
+                                        num_devices=len(setup.devices),
+                                        data_source=getattr(train_iter, "source", "custom"),
+                                        steps_per_epoch=len(train_iter), extra=extra)
+            optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
+            loss_fn = nn.CrossEntropyLoss()
+            bar = progress_bar(len(train_iter) * config.num_epochs, disable=not progress)
+
+            def step(x, y):
+                bar.update(1)
+                return hdp.step(x, y, optimizer, loss_fn)
+            with bar:
+                for r in fit(step, train_iter, result, range(config.num_epochs), hdp.devices):
+                    r.test_acc.append(evaluate_accuracy(hdp.module, test_iter))
+    return result

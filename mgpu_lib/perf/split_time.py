@@ -2,7 +2,7 @@
 
 `split.split_sizes` shares a batch by measured speed; here its step is predicted (the slowest
 shard plus the sync) and set against the fastest device alone. Exercise 2 reads these; the
-measured speeds and sync come from `hetero.py` and `lab/hetero_bench.py`.
+measured speeds and sync come from `lab/hetero_bench.py`.
 """
 from __future__ import annotations
 
