@@ -12,14 +12,20 @@ and a CPU together). Beside it: `perf` (the step-time model and its evidence), `
 experiments the pages run, and the DDP launcher) and `book` (profiles, records, verdicts,
 figures, the command line). Importing runs nothing: devices are looked up when called.
 """
+from .chapter import chapter_init_weights, lazy_resnet18, load_fashion_mnist_chapter
 from .config import TrainConfig
 from .data import load_fashion_mnist
-from .devices import num_gpus, resolve_devices, try_all_gpus, try_gpu
+from .devices import (DeviceError, describe_devices, num_gpus, parameter_devices, resolve_devices,
+                      synchronize, timed, try_all_gpus, try_gpu)
 from .hetero import HeteroDataParallel
-from .model import init_weights, num_params, resnet18
+from .model import block_shapes, init_weights, num_params, resnet18, same_weights
 from .split import split_sizes
-from .training import TrainResult, evaluate_accuracy, fit, train
+from .training import (TrainResult, build_model, evaluate_accuracy, fit, make_model, make_step,
+                       train)
 
-__all__ = ["HeteroDataParallel", "TrainConfig", "TrainResult", "evaluate_accuracy", "fit",
-           "init_weights", "load_fashion_mnist", "num_gpus", "num_params", "resnet18",
-           "resolve_devices", "split_sizes", "train", "try_all_gpus", "try_gpu"]
+__all__ = ["DeviceError", "HeteroDataParallel", "TrainConfig", "TrainResult", "block_shapes",
+           "build_model", "chapter_init_weights", "describe_devices", "evaluate_accuracy", "fit",
+           "init_weights", "lazy_resnet18", "load_fashion_mnist", "load_fashion_mnist_chapter",
+           "make_model", "make_step", "num_gpus", "num_params", "parameter_devices", "resnet18",
+           "resolve_devices", "same_weights", "split_sizes", "synchronize", "timed", "train",
+           "try_all_gpus", "try_gpu"]

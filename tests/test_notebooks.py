@@ -147,6 +147,23 @@ def test_code_lines_fit_the_column(path):
     assert not wide, f"{path.name}: " + "; ".join(wide)
 
 
+CORE_IMPORT = re.compile(r"^\s*(from mgpu_lib\.(\w+) import|from mgpu_lib import (\w+))", re.M)
+CORE = {p.stem for p in (ROOT / "mgpu_lib").glob("*.py")} - {"__init__", "__main__"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "chapters").glob("0[1-4]_*.ipynb")),
+                         ids=lambda p: p.name)
+def test_the_chapter_pages_reach_the_core_through_mg(path):
+    """As d2l's pages call `d2l.try_gpu()`, the chapter's pages (01 to 04) call `mg.try_gpu()`:
+    the core's names come from `import mgpu_lib as mg`, never from its modules; only the
+    machinery (book, lab, perf) is imported by module there."""
+    nb = nbformat.read(path, as_version=4)
+    by_module = [f"code cell {i}: {m.group(0).strip()}"
+                 for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                 for m in CORE_IMPORT.finditer(c.source) if (m.group(2) or m.group(3)) in CORE]
+    assert CORE and not by_module, f"{path.name}: " + "; ".join(by_module)
+
+
 FIGSIZE = re.compile(r"figsize\s*=\s*\(\s*([\d.]+)")
 FONTSIZE = re.compile(r"fontsize\s*=\s*([\d.]+)")
 
