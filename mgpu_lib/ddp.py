@@ -129,10 +129,12 @@ def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimi
         return 0
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        mine = {k: getattr(config, k) for k in CKPT_KEYS}
-        if (state["config"], state["world_size"]) != (mine, world_size):
-            raise ValueError(f"it belongs to a different run ({state['config']}, world size "
-                             f"{state['world_size']})")
+        theirs = {**state["config"], "world size": state["world_size"]}
+        diff = [f"{k} {theirs.get(k)!r} != {v!r}" for k, v in
+                {**{k: getattr(config, k) for k in CKPT_KEYS}, "world size": world_size}.items()
+                if theirs.get(k) != v]
+        if diff:
+            raise ValueError(f"it belongs to a different run: {'; '.join(diff)}")
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])   # nothing draws random numbers yet; dropout would
