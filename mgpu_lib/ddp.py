@@ -118,22 +118,24 @@ def check_fresh(folder) -> None:
                               f"--resume to continue it, or another --checkpoint folder")
 
 
+def differences(state: dict, config: TrainConfig, world_size: int) -> list[str]:
+    """What differs between a checkpoint's run and this one, e.g. ['lr 0.05 != 0.1']."""
+    theirs = {**state["config"], "world size": state["world_size"]}
+    mine = {**{k: getattr(config, k) for k in CKPT_KEYS}, "world size": world_size}
+    return [f"{k} {theirs.get(k)!r} != {v!r}" for k, v in mine.items() if theirs.get(k) != v]
+
+
 def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimizer,
             result: TrainResult) -> int:
-    """Continue from `folder`'s checkpoint: its weights, optimizer state and epochs so far go
-    into `net`, `optimizer` and `result`; its epoch is returned (0 where there is none). A file
-    that does not load, or another run's, is a one-line CheckpointError (the launcher checks a
-    checkpoint in full before any rank starts: `lab/checkpoints.py`)."""
+    """Continue from `folder`'s checkpoint (weights, optimizer state, epochs so far into `net`,
+    `optimizer`, `result`); its epoch, or 0 without one. A file that does not load, or another
+    run's, is one CheckpointError line (`lab/checkpoints.check` checks it in full first)."""
     path = Path(folder) / CKPT_NAME
     if not path.is_file():
         return 0
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        theirs = {**state["config"], "world size": state["world_size"]}
-        diff = [f"{k} {theirs.get(k)!r} != {v!r}" for k, v in
-                {**{k: getattr(config, k) for k in CKPT_KEYS}, "world size": world_size}.items()
-                if theirs.get(k) != v]
-        if diff:
+        if diff := differences(state, config, world_size):
             raise ValueError(f"it belongs to a different run: {'; '.join(diff)}")
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

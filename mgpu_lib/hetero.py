@@ -1,9 +1,8 @@
 """Exercise 2: one batch split across devices of different power (a GPU and the CPU).
 
-`split.py` shares the batch in proportion to measured speeds (`perf/split_time.py` predicts
-whether the saved compute outweighs the sync). `HeteroDataParallel` does the split for real, one
-replica per device. Measuring the speeds, the SIMULATED pair of CPU replicas that stands in for a
-GPU and a CPU where there is no GPU, and a small trainer are in `lab/hetero_bench.py`.
+`split.py` shares the batch by measured speed, `perf/split_time.py` predicts whether that pays,
+and `HeteroDataParallel` does the split for real, one replica per device. The speeds, a
+SIMULATED pair where there is no GPU, and a small trainer are in `lab/hetero_bench.py`.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from .split import check_speeds, split_sizes
 
 def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdown: float = 1.0):
     """Forward and backward of `weight * loss`; returns (mean loss, correct) as tensors.
-    `slowdown > 1` is the SIMULATED throttle (`lab/hetero_bench.py`): after its real work the replica idles for
+    `slowdown > 1` is the SIMULATED throttle: after its real work the replica idles for
     `slowdown - 1` times as long, as a slower device would still be computing; idling (not
     repeating work) leaves the cores to the other replica, as a separate device would."""
     t0 = time.perf_counter()

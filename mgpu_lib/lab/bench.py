@@ -57,7 +57,6 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
     return False
 
 
-
 def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
     """The datasheet peak a loop's convolutions run at on `device`: the tensor cores' under bf16
     (where they do bf16) or fp16 autocast, else `conv_peak_tflops`; None: no datasheet."""

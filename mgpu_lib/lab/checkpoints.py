@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..config import TrainConfig
-from ..ddp import CKPT_FORMAT, CKPT_KEYS, CKPT_NAME, CheckpointError, check_fresh
+from ..ddp import CKPT_FORMAT, CKPT_NAME, CheckpointError, check_fresh, differences
 from ..training import METRICS, PARTIAL
 
 # What a checkpoint holds; `ddp.restore` reads every one of them.
@@ -55,11 +55,7 @@ def load_checkpoint(folder, config: TrainConfig, world_size: int) -> Optional[di
     if not path.is_file():
         return None
     state = _read_checkpoint(path)
-    want = {k: getattr(config, k) for k in CKPT_KEYS}
-    diff = [f"{k} {state['config'].get(k)!r} != {v!r}" for k, v in want.items()
-            if state["config"].get(k) != v]
-    if state["world_size"] != world_size:
-        diff.append(f"world size {state['world_size']} != {world_size}")
+    diff = differences(state, config, world_size)
     if diff:
         raise CheckpointError(f"checkpoint {path.name} belongs to a different run: "
                               f"{'; '.join(diff)}")
@@ -87,7 +83,7 @@ def _read_checkpoint(path: Path) -> dict:
 
 
 def _checkpoint_problem(state) -> Optional[str]:
-    """What keeps `state` from being restored (so that `ddp.restore` meets no KeyError), or None."""
+    """What keeps `state` from being restored (`ddp.restore` would meet a KeyError), or None."""
     if not isinstance(state, dict):
         return f"it holds a {type(state).__name__}, not a dict"
     missing = [k for k in CKPT_ENTRIES if k not in state]

@@ -121,7 +121,7 @@ def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
 def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Sequence[float],
                 sync_s: float, shares: Sequence[int], *, steps: int = 3) -> list[dict]:
     """One row per share of the batch `x` given to the second device: seconds per step predicted
-    (`perf.split_time.predict_hetero_step`) and measured (the median of `steps` steps after a warm-up)."""
+    (`predict_hetero_step`) and measured (the median of `steps` steps after a warm-up)."""
     b = len(x)
     return [dict(share=k, predicted_s=predict_hetero_step(speeds, [b - k, k], sync_s),
                  measured_s=median_seconds(lambda: hdp.step(x, y, optimizer, loss_fn,
