@@ -5,16 +5,15 @@
     result = mg.train(config)            # a fresh ResNet-18 in nn.DataParallel
     print(result.summary())              # 'test acc: 0.91, 7.5 sec/epoch on 2 x ...'
 
-The core a learner opens sits at the top of the package: `model` (the ResNet-18), `chapter`
-(D2L's own code, to compare), `devices`, `data` (Fashion-MNIST), `config` (what a run is),
-`training` (the loop), `ddp` (one DistributedDataParallel rank), `split` and `hetero` (a GPU
-and a CPU together). Beside it: `perf` (the step-time model and its evidence), `lab` (the
-experiments the pages run, and the DDP launcher) and `book` (profiles, records, verdicts,
-figures, the command line). Importing runs nothing: devices are looked up when called.
+The core a learner opens sits at the top of the package: `model` (the ResNet-18), `devices`,
+`data` (Fashion-MNIST, and the chapter's loader), `config` (what a run is), `training` (the
+loop), `ddp` (one DistributedDataParallel rank), `split` and `hetero` (a GPU and a CPU
+together). Beside it: `perf` (the step-time model and its evidence), `lab` (the experiments the
+pages run, D2L's own code to compare in `lab.d2l`, the DDP launcher) and `book` (profiles,
+records, verdicts, figures, the command line). Importing runs nothing: devices are looked up when called.
 """
-from .chapter import chapter_init_weights, lazy_resnet18, load_fashion_mnist_chapter
 from .config import TrainConfig
-from .data import load_fashion_mnist
+from .data import load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import (DeviceError, describe_devices, num_gpus, parameter_devices, resolve_devices,
                       synchronize, timed, try_all_gpus, try_gpu)
 from .hetero import HeteroDataParallel
@@ -24,8 +23,8 @@ from .training import (TrainResult, build_model, evaluate_accuracy, fit, make_mo
                        train)
 
 __all__ = ["DeviceError", "HeteroDataParallel", "TrainConfig", "TrainResult", "block_shapes",
-           "build_model", "chapter_init_weights", "describe_devices", "evaluate_accuracy", "fit",
-           "init_weights", "lazy_resnet18", "load_fashion_mnist", "load_fashion_mnist_chapter",
+           "build_model", "describe_devices", "evaluate_accuracy", "fit",
+           "init_weights", "load_fashion_mnist", "load_fashion_mnist_chapter",
            "make_model", "make_step", "num_gpus", "num_params", "parameter_devices", "resnet18",
            "resolve_devices", "same_weights", "split_sizes", "synchronize", "timed", "train",
            "try_all_gpus", "try_gpu"]

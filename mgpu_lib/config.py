@@ -3,22 +3,8 @@
     config = TrainConfig(devices=2, batch_size=512, lr=0.2)
     switches = resolve_switches(config, device)     # "auto" decided for one device
 
-A setting is a dataclass field declared once with `setting(default, check, help)`: `validate`
-checks it, and the command line (`mgpu_lib.book.cli`) builds its flag and its `--vary` key from
-the same declaration, so a new field is one edit.
-
-The fast path's switches (`resolve_switches`) turn a config's "auto" into decisions for one
-device, by fixed rules read from the hardware (never probed, so a run's numerics never depend on
-how busy the machine was):
-- device-resident data: always (batches are sliced on the device; no DataLoader workers);
-- channels_last: on CUDA, and on a CPU where `channels_last_safe` says so;
-- bf16 autocast: on CUDA GPUs with native bf16 (compute capability 8.0 and newer). On a CPU it
-  is opt-in (`bf16=True`): the Performance page shows what it costs in accuracy;
-- fp16 autocast with a `GradScaler`: on CUDA GPUs of capability 7.0 and 7.5 (V100, T4), which
-  have fp16 tensor cores but no bf16;
-- cudnn.benchmark: on CUDA; evaluation batch: 1024 images (at least the training batch);
-- torch.compile: off unless asked for (compiling takes longer than the runs this book does).
-All off (`REFERENCE`) is the chapter's loop: its DataLoader, NCHW and fp32.
+A setting is a dataclass field declared with `setting(default, check, help)`: `validate` checks
+it, and the command lines (`mgpu_lib.book.cli`, `ddp.parse_args`) build its flag from it.
 """
 from __future__ import annotations
 
@@ -38,15 +24,14 @@ SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep 
 
 @dataclass(frozen=True)
 class Check:
-    """What values a setting takes: `ok(value)` for Python values, `parse(text)` for the command
-    line's text, `words` to say it ("must be <words>") and `metavar` to show it in help."""
+    """What values a setting takes (`ok`), said as "must be <words>"; `convert` reads the
+    command line's text, shown in help as `metavar`."""
     words: str
     ok: Callable[[Any], bool]
     convert: Callable[[str], Any]
     metavar: str = "VALUE"
 
     def parse(self, text: str):
-        """`text` as a value, or a ValueError saying what was expected."""
         try:
             value = self.convert(text.strip())
         except (ValueError, OverflowError):
@@ -98,20 +83,17 @@ def one_of(*choices: str) -> Check:
 
 def setting(default, check: Check, help: str, *, optional: bool = False,
             flag: Optional[str] = None, cli: bool = True):
-    """A dataclass field declared once. `optional`: None is allowed too (meaning a default
-    chosen at run time). `flag`: the command-line name (default `--field-name`); `cli=False`
-    keeps the field off the command line."""
+    """A dataclass field declared once. `optional`: None is allowed too (a default chosen at
+    run time); `flag`: its flag (default `--field-name`); `cli=False`: no flag."""
     return dataclasses.field(default=default, metadata=dict(
         check=check, help=help, optional=optional, flag=flag, cli=cli))
 
 
 def declared(cls_or_obj) -> list[dataclasses.Field]:
-    """The fields of a config that were declared with `setting`."""
     return [f for f in dataclasses.fields(cls_or_obj) if "check" in f.metadata]
 
 
 def on_cli(cls_or_obj) -> list[dataclasses.Field]:
-    """The declared fields that are command-line flags."""
     return [f for f in declared(cls_or_obj) if f.metadata["cli"]]
 
 
@@ -215,21 +197,16 @@ SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
 
 
 def channels_last_safe(device_type: str, width: int) -> bool:
-    """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`.
-
-    In torch 2.14 the backward pass of a channels_last, stride-2, 1x1 convolution crashes oneDNN
-    (a segfault or heap corruption) when it has few input channels: 2 to 7 on one thread on an
-    AVX2 EPYC, 8 on two threads on another CPU; at 16 and more it never did. The narrowest such
-    convolution here has `width` input channels, so the rule keeps channels_last where it is safe
-    and measured faster (1.1x to 1.3x at widths 16 and 64). tests/test_crash_regression.py keeps
-    the ten-line reproduction."""
+    """Whether "auto" may pick channels_last for a ResNet-18 of `width` on `device_type`. In
+    torch 2.14 oneDNN's backward of a channels_last, stride-2, 1x1 convolution with 2 to 8 input
+    channels crashed on CPUs here (never at 16 and more, where it ran 1.1x to 1.3x faster); the
+    narrowest one has `width` inputs. tests/test_crash_regression.py keeps the reproduction."""
     return device_type == "cuda" or (device_type == "cpu" and width >= 16)
 
 
 def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
-    """`net` in the switches' memory layout; with `norm_fp32` (under bf16), every BatchNorm gets
-    its input as fp32, so normalization, the ReLU after it and the residual sums run in fp32
-    while the convolutions stay bf16 (autocast casts their inputs back down)."""
+    """`net` in the switches' memory layout; with `norm_fp32` (under bf16) every BatchNorm gets
+    fp32 input, so the normalizations, ReLUs and residual sums run in fp32, the convs in bf16."""
     if switches.channels_last:
         net = net.to(memory_format=torch.channels_last)
     if switches.bf16 and switches.norm_fp32:
@@ -240,7 +217,11 @@ def prepare_model(net: nn.Module, switches: Switches) -> nn.Module:
 
 
 def resolve_switches(config, device) -> Switches:
-    """The switches `config` (a `TrainConfig`) asks for on `device`: "auto" decided here."""
+    """The switches `config` asks for on `device`, "auto" decided by fixed rules read from the
+    hardware, never probed (so a run's numerics never depend on how busy the machine was):
+    device data always; channels_last where `channels_last_safe`; bf16 autocast on CUDA from
+    compute capability 8.0 (opt-in on a CPU), fp16 with a GradScaler on 7.0 and 7.5 (V100,
+    T4); cudnn.benchmark on CUDA; torch.compile only when asked. fast=False: `REFERENCE`."""
     if not config.fast:
         return REFERENCE
     device = torch.device(device)

@@ -1,14 +1,10 @@
-"""Fashion-MNIST from a local copy, the official download, or synthetic data; batches on device.
+"""Fashion-MNIST from a local copy, the official download, or synthetic data, in two loaders.
 
-Sources, in the order `source="auto"` tries them:
-1. `local`: the four `*-ubyte.gz` files in a folder (`root`, or `MGPU_FASHION_MNIST_DIR`);
-2. `torchvision`: the official download into `MGPU_DATA_DIR` (default `data/` at the repo root);
-3. `synthetic`: only with `allow_synthetic=True`, and always announced.
-
-torchvision's `FashionMNIST` reads the files. Images stay uint8 on the target device; the
-iterator turns each batch into floats in [0, 1] (what the chapter's `ToTensor` does) with no
-per-sample PIL work. The chapter's own pipeline, built from the same tensors, is
-`chapter.load_fashion_mnist_chapter`.
+`source="auto"` tries a named folder (`root`, or `MGPU_FASHION_MNIST_DIR`), then torchvision's
+download into `MGPU_DATA_DIR` (default `data/`), then, only with `allow_synthetic=True` and
+announced, synthetic data. `load_fashion_mnist` keeps the uint8 images on the device and turns
+each batch into floats in [0, 1]; `load_fashion_mnist_chapter` is the chapter's pipeline over the
+same tensors: a `DataLoader` whose workers pass every image through PIL and `ToTensor`.
 """
 from __future__ import annotations
 
@@ -24,11 +20,11 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-# The four files and their IDX shapes, smallest first: knowing the sizes lets a wrong or corrupt
-# file (one that inflates to gigabytes) be refused before it is read whole, and a bad small file
-# before the large ones are inflated.
+# The four files and their IDX shapes, smallest first, so that a bad file is refused before it
+# is read whole (one may inflate to gigabytes), and a bad small one before the large are read.
 FILES = {
     "train_labels": ("train-labels-idx1-ubyte", (60000,)),
     "test_labels": ("t10k-labels-idx1-ubyte", (10000,)),
@@ -54,10 +50,9 @@ def _find(folder: Path, stem: str) -> Optional[Path]:
 
 
 def _stage(path: Path, dims: tuple, view: Path) -> None:
-    """Copy `path`, inflated, into the folder torchvision reads, if it is Fashion-MNIST's size.
-    A file longer than deflate's worst case (5 bytes a 64 KiB block, plus gzip's header) is
-    refused unread, and one byte past the expected size is the most ever inflated, so a file
-    that inflates to gigabytes is refused after reading a few MB."""
+    """Copy `path`, inflated, into the folder torchvision reads, if it is Fashion-MNIST's: a
+    file longer than deflate's worst case (5 bytes a 64 KiB block) is refused unread, and at
+    most one byte past the expected size is ever inflated."""
     name = f"{path.parent.name}/{path.name}"      # e.g. fashion-mnist/t10k-labels-idx1-ubyte.gz
     head = struct.pack(f">{1 + len(dims)}I", 0x800 | len(dims), *dims)   # IDX: uint8 data
     size = len(head) + math.prod(dims)
@@ -83,8 +78,8 @@ def _stage(path: Path, dims: tuple, view: Path) -> None:
 
 
 def read_folder(folder: Union[str, Path]) -> dict[str, torch.Tensor]:
-    """The four tensors from a folder of standard Fashion-MNIST files, checked, read by
-    torchvision from a temporary view (the folder itself is never written)."""
+    """The four tensors from a folder of Fashion-MNIST files, checked, then read by torchvision
+    from a temporary copy (the folder itself is never written)."""
     from torchvision.datasets import FashionMNIST
 
     folder = Path(folder)
@@ -115,9 +110,8 @@ def data_root() -> Path:
 
 
 def download(root: Union[str, Path, None] = None) -> Path:
-    """The official download through torchvision (each file's MD5 checked), into
-    `root/FashionMNIST/raw`. It downloads into a temporary folder beside the target, then
-    renames, so an interrupted or failed download leaves nothing half-written in `root`."""
+    """torchvision's download (each file's MD5 checked) into `root/FashionMNIST/raw`, through a
+    temporary folder: a failed download leaves nothing half-written in `root`."""
     from torchvision.datasets import FashionMNIST
 
     root = Path(root) if root is not None else data_root()
@@ -133,9 +127,8 @@ def download(root: Union[str, Path, None] = None) -> Path:
 
 def synthetic_fashion_mnist(n_train: int = 60000, n_test: int = 10000,
                             seed: int = 1234) -> dict[str, torch.Tensor]:
-    """Deterministic, learnable stand-in data with Fashion-MNIST's shapes and dtypes: each
-    image is its class's fixed random blob pattern, shifted by up to 2 pixels, plus noise. A
-    small CNN learns it well above chance within an epoch."""
+    """Learnable stand-in data with Fashion-MNIST's shapes and dtypes: each image is its class's
+    fixed random blob pattern, shifted by up to 2 pixels, plus noise."""
     g = torch.Generator().manual_seed(seed)
     coarse = torch.rand(len(CLASSES), 1, 7, 7, generator=g)
     templates = torch.nn.functional.interpolate(coarse, size=(28, 28), mode="bilinear",
@@ -156,9 +149,8 @@ def synthetic_fashion_mnist(n_train: int = 60000, n_test: int = 10000,
 
 
 def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -> torch.Tensor:
-    """Indices of a fixed, class-balanced subset of `limit` samples (all indices if None):
-    `limit // C` a class, the first `limit % C` classes one more, a fixed random choice within
-    each class (seed 0 by default, so every run sees the same subset)."""
+    """Indices of a fixed, class-balanced subset of `limit` samples (all if None): `limit // C`
+    a class, the first `limit % C` classes one more, chosen at random by `seed`."""
     n = labels.shape[0]
     if limit is None or limit >= n:
         return torch.arange(n)
@@ -175,9 +167,8 @@ def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -
 
 
 def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -> torch.Tensor:
-    """The sample indices rank `rank` trains on in `epoch` (what its `DistributedSampler` yields):
-    disjoint shards covering all `n` samples when `world_size` divides `n`; otherwise the sampler
-    repeats up to `world_size - 1` samples so every rank runs the same number of steps."""
+    """What rank `rank`'s `DistributedSampler` yields in `epoch`: disjoint shards of the `n`
+    samples (up to `world_size - 1` repeated, so that every rank runs as many steps)."""
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed)
     sampler.set_epoch(epoch)    # without it every epoch would reuse the first epoch's order
@@ -187,11 +178,10 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int = 0)
 class DeviceLoader:
     """Batches from uint8 tensors that live on `device`, as floats in [0, 1].
 
-    Shuffled, each pass draws the next `torch.randperm` from a generator seeded once, so two
-    loaders with the same seed yield the same batches. DDP: with `world_size` > 1, rank `rank`
-    gets its `DistributedSampler` shard of the epoch set by `set_epoch` (`shard_indices`).
-    `drop_last` skips a final partial batch: for training, where a handful of images gives
-    BatchNorm useless statistics and a full learning-rate step from a tiny sample.
+    Shuffled, each pass draws the next `torch.randperm` from a generator seeded once: two
+    loaders with one seed yield the same batches. With `world_size` > 1, rank `rank` gets its
+    `DistributedSampler` shard of the epoch `set_epoch` set. `drop_last` skips a final partial
+    batch (in training, a few images give BatchNorm useless statistics and a full step).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
@@ -232,10 +222,10 @@ class DeviceLoader:
 
 def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
              allow_synthetic: bool = False) -> tuple[dict[str, torch.Tensor], str]:
-    """The four uint8 tensors and the name of the source they came from. A folder that was
-    named (`root`, or `MGPU_FASHION_MNIST_DIR`) is a promise: if it is missing or bad, that is a
-    `DataError` naming it. Synthetic data stands in only when nothing was named, the download
-    failed, and the caller allows it (with a warning)."""
+    """The four uint8 tensors and their source's name. A named folder (`root`, or
+    `MGPU_FASHION_MNIST_DIR`) is a promise: missing or bad, it is a `DataError`. Synthetic data
+    stands in, with a warning, only where nothing was named, the download failed, and the
+    caller allows it."""
     if source not in SOURCES:
         raise ValueError(f"unknown data source {source!r}; valid: {', '.join(SOURCES)}")
     if source == "synthetic":
@@ -278,18 +268,9 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
                        device=None, seed: int = 0, allow_synthetic: bool = False,
                        eval_batch_size: Optional[int] = None
                        ) -> tuple[DeviceLoader, DeviceLoader]:
-    """Fashion-MNIST as two device-resident iterators, `(train_iter, test_iter)`.
-
-    Args:
-        batch_size: images per batch.
-        root: a folder with the four files (implies a local copy); default from the environment.
-        source: "auto", "local", "torchvision" or "synthetic".
-        train_limit, test_limit: fixed class-balanced subsets; None keeps every image.
-        device: where the images live and batches are produced (default CPU).
-        seed: seeds the training shuffle.
-        allow_synthetic: let "auto" fall back to synthetic data when nothing real is found.
-        eval_batch_size: the test iterator's batch (default `batch_size`).
-    """
+    """Fashion-MNIST as `(train_iter, test_iter)`, two `DeviceLoader`s on `device` (default
+    CPU). `train_limit`, `test_limit`: fixed class-balanced subsets (None: every image); `seed`
+    seeds the training shuffle; `eval_batch_size`: the test batch (default `batch_size`)."""
     xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
                                               test_limit)
     train_iter = DeviceLoader(xtr, ytr, batch_size, shuffle=True, device=device, seed=seed,
@@ -297,3 +278,84 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
     test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
                              device=device, seed=seed, source=origin)
     return train_iter, test_iter
+
+
+# ---- the chapter's pipeline: `TrainConfig(fast=False)` ------------------------------------------
+
+class PILImages(Dataset):
+    """uint8 images served as torchvision's `FashionMNIST` serves them: each item becomes a PIL
+    image, then goes through `transform` (default `ToTensor`) in the loader's workers."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
+        from torchvision import transforms
+        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
+        self.transform = transform or transforms.ToTensor()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
+        return self.transform(image), int(self.labels[i])
+
+
+class PermutationSampler(Sampler):
+    """`DeviceLoader`'s order: one `torch.randperm` per epoch from a generator seeded once, so
+    both loops see the same images in the same order (`RandomSampler` drifts after epoch 1)."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
+def chapter_workers(requested: Optional[int] = None) -> int:
+    """Worker processes for the chapter's loader: its 4 (`get_dataloader_workers()`), capped at
+    the usable cores, where more would only compete with training. A request above 4 a core (64
+    at most) is refused: each worker is a process with a copy of the data."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if requested is None:
+        return min(4, cores)
+    if not 0 <= requested <= min(4 * cores, 64):
+        raise ValueError(f"DataLoader workers must be 0 to {min(4 * cores, 64)} here ({cores} "
+                         f"usable cores: 4 a core, 64 at most), got {requested}")
+    return requested
+
+
+def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
+                   source: str = "unknown") -> DataLoader:
+    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes;
+    training drops a final partial batch, as `DeviceLoader` does."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    workers = chapter_workers(num_workers)
+    dataset = PILImages(images, labels)
+    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                        drop_last=shuffle and len(dataset) >= batch_size,
+                        num_workers=workers, generator=torch.Generator().manual_seed(seed))
+    loader.source = source         # where the data came from, as a `DeviceLoader` says
+    return loader
+
+
+def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
+                               train_limit: Optional[int] = None,
+                               test_limit: Optional[int] = None, seed: int = 0,
+                               allow_synthetic: bool = False,
+                               num_workers: Optional[int] = None
+                               ) -> tuple[DataLoader, DataLoader]:
+    """The images of `load_fashion_mnist`, through the chapter's pipeline (on the CPU), with
+    `chapter_workers(num_workers)` worker processes."""
+    workers = chapter_workers(num_workers)      # refused before the data is read
+    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+                                              test_limit)
+    kw = dict(seed=seed, num_workers=workers, source=origin)
+    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
+            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

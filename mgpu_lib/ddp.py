@@ -3,14 +3,11 @@ during backward.
 
     torchrun --standalone --nproc_per_node=2 -m mgpu_lib.ddp --epochs 1 --width 8 \
         --train-limit 2000 --test-limit 500 --batch-size 32 --lr 0.05 --allow-synthetic
-    python -m mgpu_lib train --strategy ddp --nprocs 2     # the same program, via the launcher
 
-As in pytorch/examples' DDP tutorial series, the difference from the one-process loop
-(`training.train`) is small on purpose: a process group, each rank's `DistributedSampler` shard
-of the data (`set_epoch` every epoch), the model wrapped in `DistributedDataParallel`, and rank 0
-alone evaluating, saving and printing; the epoch loop is `training.fit`. Without CUDA the backend
-is gloo and each process gets its share of the CPU threads, so N processes act as N "virtual
-devices".
+As in pytorch/examples' DDP series, the difference from the one-process loop (`training.train`)
+is small: a process group, each rank's shard of the data, the model in `DistributedDataParallel`,
+and rank 0 alone evaluating, saving and printing. Without CUDA the backend is gloo, and each
+process gets its share of the CPU threads: N processes act as N "virtual devices".
 """
 from __future__ import annotations
 
@@ -47,17 +44,12 @@ class CheckpointError(ValueError):
 
 
 class RankInputError(ValueError):
-    """A rank refused its input (bad data, a bad checkpoint): a user error, said in one line by
-    the launcher, which reads it from the rank's error file."""
+    """A rank refused its input (bad data, a bad checkpoint): the launcher says it in one line."""
 
-
-# ---- pure arithmetic --------------------------------------------------------------------------
 
 def choose_backend(backend: str = "auto") -> str:
-    """`nccl` where CUDA and NCCL exist, `gloo` elsewhere (`auto`), or the one asked for.
-    Windows and macOS builds of torch have no NCCL ("Windows supports all collective
-    communications backend but NCCL", pytorch.org/docs/stable/distributed), so DDP there is
-    gloo processes on the CPU, GPUs or not."""
+    """`nccl` where CUDA and NCCL exist, else `gloo` (`auto`), or the one asked for. Windows
+    and macOS builds have no NCCL (pytorch.org/docs/stable/distributed): gloo on the CPU."""
     if backend not in ("auto", "nccl", "gloo"):
         raise ValueError(f"backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "auto":
@@ -80,8 +72,6 @@ def cpu_threads(world_size: int, cpus: Optional[int] = None) -> int:
     return max(1, (cpus or os.cpu_count() or 1) // world_size)
 
 
-# ---- checkpoints ------------------------------------------------------------------------------
-
 def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, world_size: int,
                     result: TrainResult) -> Path:
     """Write the state after `len(result.train_loss)` epochs: a temporary file, then a rename."""
@@ -98,8 +88,8 @@ def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, worl
 
 
 def replace_file(path, data: bytes) -> Path:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`: a reader (a
-    resume, the launcher) sees the old file or the new one, never half of one."""
+    """Write `data` beside `path`, then rename it over `path`: a reader sees the old file or the
+    new one, never half of one."""
     path = Path(os.path.realpath(path))
     tmp = path.with_name(f".{path.name}{PARTIAL}{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,9 +117,8 @@ def differences(state: dict, config: TrainConfig, world_size: int) -> list[str]:
 
 def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimizer,
             result: TrainResult) -> int:
-    """Continue from `folder`'s checkpoint (weights, optimizer state, epochs so far into `net`,
-    `optimizer`, `result`); its epoch, or 0 without one. A file that does not load, or another
-    run's, is one CheckpointError line (`lab/checkpoints.check` checks it in full first)."""
+    """Load `folder`'s checkpoint into `net`, `optimizer` and `result`; its epoch (0 without
+    one). A file that does not load, or another run's, is one CheckpointError line."""
     path = Path(folder) / CKPT_NAME
     if not path.is_file():
         return 0
@@ -150,16 +139,13 @@ def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimi
     return state["epoch"]
 
 
-# ---- the program ------------------------------------------------------------------------------
-
 LOG = "rank 0: "     # rank 0's lines start with this (torchrun mixes every rank's output)
 
 
 def setup(backend: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> torch.device:
-    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE,
-    MASTER_ADDR, ...): this rank's device, its GPU with nccl, else the CPU with this rank's
-    share of the cores (unless OMP_NUM_THREADS says). `timeout_s` bounds how long a collective
-    waits for a silent rank."""
+    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, ...);
+    returns this rank's device: its GPU with nccl, else the CPU with its share of the cores
+    (unless OMP_NUM_THREADS says). A collective waits `timeout_s` for a silent rank."""
     backend = choose_backend(backend)
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -190,10 +176,9 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
 
 def train(config: TrainConfig, device, checkpoint=None,
           resume: bool = False) -> TrainResult:
-    """Train `config` as one rank of the group `setup` joined; every rank returns the
-    result, rank 0's with the test accuracies. `checkpoint`: a folder rank 0 saves into
-    after every epoch; `resume` continues from its checkpoint. (Page 05 shows this as a
-    diff over the one-process `training.train`.)"""
+    """Train `config` as one rank of the group `setup` joined; rank 0's result holds
+    the test accuracies. Rank 0 saves a checkpoint into the folder `checkpoint` after
+    every epoch; `resume` continues from it."""
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
@@ -250,8 +235,7 @@ def main(config: TrainConfig, out: Optional[str] = None,
          timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
     """One rank of a torchrun job: train `config` (the global batch split over the
     ranks); rank 0 saves the result as JSON to `out`, then prints its summary. Bad
-    input (missing data, a bad checkpoint, an uneven batch) is raised as a
-    `RankInputError`."""
+    input (missing data, a bad checkpoint, an uneven batch) is a `RankInputError`."""
     try:
         # refused before the rendezvous: a rank past the world, an uneven batch
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -273,8 +257,7 @@ def main(config: TrainConfig, out: Optional[str] = None,
 
 
 def parse_args(argv=None):
-    """`main`'s arguments from the command line: a flag per `TrainConfig` setting, on top of
-    `--config` (a TrainConfig as JSON, as the launcher passes it)."""
+    """`main`'s arguments: a flag per `TrainConfig` setting over `--config` (JSON)."""
     import argparse
     parser = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
                                      description=__doc__.splitlines()[0])

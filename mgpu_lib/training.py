@@ -2,15 +2,10 @@
 
     python -m mgpu_lib train --devices 2 --batch-size 512 --lr 0.2 --epochs 10
 
-`fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer
-(`lab/hetero_bench.py`) each hand it a `step(x, y)` and do what is theirs after each epoch.
-Differences from D2L 12.6, each one a bug there: the model is built and initialized inside
-`train` (no trained weights carried into the next run), moved to `devices[0]` before wrapping,
-and every timer reading follows `torch.cuda.synchronize()`.
-
-By default `train` takes the fast path (`config.resolve_switches` decides it per device);
-`TrainConfig(fast=False)` runs the chapter's pipeline instead: a `DataLoader` with `ToTensor` and
-worker processes, fp32, NCHW. Neither reads a value back to the host during an epoch.
+`fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer each
+hand it a `step(x, y)`. Unlike D2L 12.6, `train` builds and initializes a fresh model (no weights
+carried into the next run), moves it to `devices[0]` before wrapping, and synchronizes every
+timer reading. `TrainConfig(fast=False)` runs the chapter's loop: its DataLoader, fp32, NCHW.
 """
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .chapter import load_fashion_mnist_chapter
-from .data import load_fashion_mnist
+from .data import load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
 from .config import Switches, TrainConfig, prepare_model, resolve_switches
@@ -56,9 +50,8 @@ PARTIAL = ".partial-"   # atomic writes' temporary files are `.NAME.partial-XXXX
 
 @dataclass
 class TrainResult:
-    """What a run measured, epoch by epoch: the one record type (a run, a sweep point).
-    `status` is "ok", "diverged", or "failed" (a DDP job that did not finish). `book.store`
-    validates one read from a file (`run_problem`)."""
+    """What a run measured, epoch by epoch: the one record type (a run, a sweep point). `status`
+    is "ok", "diverged", or "failed" (a DDP job that did not finish)."""
     config: dict
     hardware: str
     num_devices: int
@@ -87,8 +80,7 @@ class TrainResult:
     def create(cls, config: TrainConfig, *, hardware: str, num_devices: int, data_source: str,
                steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
                ) -> "TrainResult":
-        """A new run's empty result with the header the core knows (the git revision is
-        added where records are stored): the one way the engines make one."""
+        """A new run's empty result, with the header the core knows (the store adds git's)."""
         return cls(config=config.to_dict(), hardware=hardware, profile=config.profile,
                    mgpu_lib=package_version(), torch=str(torch.__version__),
                    num_devices=num_devices, data_source=data_source,
@@ -100,7 +92,6 @@ class TrainResult:
 
     @property
     def metrics(self) -> dict:
-        """The per-epoch lists by name (`METRICS`)."""
         return {m: getattr(self, m) for m in METRICS}
 
     def get(self, name: str):
@@ -109,8 +100,8 @@ class TrainResult:
 
     @property
     def final_test_acc(self) -> float:
-        """The last epoch's test accuracy; nan unless the run finished ("ok"): a diverged run's
-        last accuracy is from before it blew up, and would flatter its setting in a mean."""
+        """The last test accuracy; nan unless the run finished ("ok"): a diverged run's last one
+        is from before it blew up, and would flatter its setting in a mean."""
         return float(self.test_acc[-1]) if self.test_acc and self.status == "ok" else math.nan
 
     @property
@@ -132,8 +123,8 @@ class TrainResult:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
-        """A result from its JSON (one from before the header is LEGACY_SCHEMA, its versions
-        unknown); a one-line ValueError if its fields are not a result's."""
+        """A result from its JSON (without a header: LEGACY_SCHEMA); a one-line ValueError if
+        its fields are not a result's."""
         try:
             return cls(**{"schema": LEGACY_SCHEMA, **d})
         except TypeError as e:
@@ -141,8 +132,7 @@ class TrainResult:
 
 
 def package_version() -> Optional[str]:
-    """This package's installed version (None where it is not installed); the git revision is
-    added where records are stored (`lab.files.stamp`)."""
+    """This package's installed version (None where it is not installed)."""
     try:
         return metadata.version("mgpu_lib")
     except (metadata.PackageNotFoundError, ValueError):
@@ -164,9 +154,8 @@ def _autocast(device, switches: Optional[Switches]):
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
-    """Fraction of correct predictions over `data_iter`, in eval mode (the mode `net` was in is
-    restored): counted on the device under `inference_mode` on the fast path, on the host after
-    every batch (as D2L's `evaluate_accuracy_gpu`) with the chapter's switches."""
+    """Accuracy over `data_iter` in eval mode (`net`'s mode is restored after): counted on the
+    device on the fast path, on the host after every batch (as D2L) in the chapter's loop."""
     device, was_training = next(net.parameters()).device, net.training
     net.eval()
     if switches is not None and not switches.device_data:
@@ -205,10 +194,9 @@ def _correct(net: nn.Module, batches, device) -> float:
 
 
 def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
-    """BatchNorm's running statistics, checked on a copy: eval mode's running averages lag
-    the weights when steps are few and large, so a low test accuracy may be stale statistics.
-    `test_acc_batch` normalizes each test batch by its own statistics; `test_acc_recal` and
-    `train_acc_recal` (on `sample`) use statistics recomputed over `sample` (`update_bn`)."""
+    """BatchNorm's running statistics checked on a copy (they lag the weights when steps are few
+    and large): `test_acc_batch` normalizes each test batch by its own statistics;
+    `test_acc_recal` and `train_acc_recal` (on `sample`) recompute them over `sample`."""
     net = copy.deepcopy(getattr(model, "module", model))
     device = next(net.parameters()).device
     net.train()
@@ -227,11 +215,10 @@ def make_model(config: TrainConfig, device) -> nn.Module:
 
 def make_step(model: nn.Module, optimizer, loss_fn, device,
               switches: Optional[Switches] = None):
-    """`step(x, y)`: one SGD step, returning (sum of losses, correct) as tensors on
-    `device`. Nothing is read back to the host: a `.item()` here would stall the GPU.
-    With fp16 autocast the `GradScaler` scales the loss (small gradients would
-    underflow); otherwise it is off: `scale`, `step` and `update` pass through.
-    """
+    """`step(x, y)`: one SGD step, returning (sum of losses, correct) as tensors
+    on `device`; nothing is read back to the host (an `.item()` would stall the GPU).
+    The `GradScaler` scales the loss under fp16 (small gradients would underflow);
+    otherwise it passes through."""
     fp16 = bool(getattr(switches, "fp16", False))
     scaler = torch.amp.GradScaler("cuda", enabled=fp16)
 
@@ -250,17 +237,10 @@ def make_step(model: nn.Module, optimizer, loss_fn, device,
 
 def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
         reduce: Optional[Callable] = None) -> Iterator[TrainResult]:
-    """The epoch loop: train, time and check for divergence; yields `result` after
-    each epoch for the caller to evaluate, save or plot. A diverged run ends with
-    status "diverged".
-
-    Args:
-        step: `step(x, y) -> (sum of losses, correct)`, tensors (see `make_step`).
-        epochs: the epochs to run, e.g. `range(num_epochs)` (a resumed DDP run starts
-            later).
-        devices: synchronized around each epoch's timer.
-        reduce: sums the epoch's `[loss sum, correct, samples]` across processes (DDP).
-    """
+    """The epoch loop: train `epochs` (e.g. `range(10)`) with `step(x, y) -> (loss
+    sum, correct)`, timed with `devices` synchronized; yield `result` after each epoch
+    for the caller to evaluate, save or plot. A diverged run ends with status
+    "diverged". DDP's `reduce` sums `[loss sum, correct, samples]` across processes."""
     for epoch in epochs:
         if hasattr(train_iter, "set_epoch"):
             train_iter.set_epoch(epoch)  # DDP: this epoch's shard (DistributedSampler)
@@ -329,20 +309,11 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
           on_epoch: Optional[Callable[[TrainResult], None]] = None,
           make_optimizer: Optional[Callable] = None, extra: Optional[dict] = None
           ) -> TrainResult:
-    """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices.
-
-    Args:
-        config: what to train.
-        data: `(train_iter, test_iter)`; loaded from `config` when None.
-        progress: show a progress bar over steps.
-        on_epoch: called with the result after every epoch (`plots.LivePlot().update`).
-        make_optimizer: `(parameters, steps_per_epoch) -> optimizer`, e.g. a warmup
-            (default: the chapter's plain SGD at `config.lr`).
-        extra: more entries for the result's `extra` (e.g. the schedule's settings).
-    Returns:
-        A `TrainResult`; `result.summary()` is the chapter's line. A loss that is not
-        finite, or is huge, stops the run with status "diverged".
-    """
+    """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices;
+    returns a `TrainResult` (`.summary()` is the chapter's line). `data`: `(train_iter,
+    test_iter)` (default: loaded from `config`); `on_epoch(result)` after each epoch (a
+    live plot); `make_optimizer(parameters, steps_per_epoch)` (default: the chapter's
+    SGD at `config.lr`); `extra`: more entries for `result.extra`."""
     devices = resolve_devices(config.devices)
     switches = resolve_switches(config, devices[0])
     train_iter, test_iter = data or load_data(config, devices[0], switches)

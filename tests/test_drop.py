@@ -1,7 +1,7 @@
 """The accuracy-drop experiment's parts (mgpu_lib.lab.drop), on a tiny scale."""
 from torch import nn
 
-from mgpu_lib.chapter import chapter_init_weights, lazy_resnet18
+from mgpu_lib.lab.d2l import chapter_init_weights, lazy_resnet18
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, late_swing, reset_like_mxnet, run_seed
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from mgpu_lib.lab import bench
 from mgpu_lib.book import store as results
 from mgpu_lib.book.cli import main
-from mgpu_lib.chapter import chapter_loader, chapter_workers
+from mgpu_lib.data import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.lab.bench import cpu_bf16_support, native_bf16
 from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe,
@@ -290,7 +290,7 @@ class NoHostRead:
 @pytest.mark.slow
 def test_neither_the_chapter_loop_nor_the_fast_loop_reads_back_every_step(tiny):
     """Before: the reference loop read the loss back after every step; D2L's train does not."""
-    from mgpu_lib.chapter import chapter_step
+    from mgpu_lib.lab.d2l import chapter_step
     x, y = tiny["train_images"][:48], tiny["train_labels"][:48]
     batches = list(chapter_loader(x, y, 16, shuffle=False, num_workers=0))
     net = make_model(TrainConfig(width=4), "cpu")
@@ -308,7 +308,7 @@ def test_neither_the_chapter_loop_nor_the_fast_loop_reads_back_every_step(tiny):
 
 def d2l_train(net, devices, train_iter, test_iter, lr, num_epochs):
     """D2L 12.6's `train` as d2l-en prints it (its `init_weights`, `d2l.evaluate_accuracy_gpu`
-    and `d2l.accuracy` inlined; no timer, no animator): the reference for `chapter.train`."""
+    and `d2l.accuracy` inlined; no timer, no animator): the reference for `lab.d2l.train`."""
     def init_weights(m):
         if type(m) in [nn.Linear, nn.Conv2d]:
             nn.init.normal_(m.weight, std=0.01)
@@ -340,7 +340,7 @@ def d2l_train(net, devices, train_iter, test_iter, lr, num_epochs):
 def test_the_chapter_train_follows_d2l():
     """chapter.train against d2l's own code from the same seeds: the same accuracy every epoch
     and the same trained weights, to the bit (both skip the lazy layers in their init)."""
-    from mgpu_lib.chapter import lazy_resnet18, train as chapter_train
+    from mgpu_lib.lab.d2l import lazy_resnet18, train as chapter_train
     from mgpu_lib.model import same_weights
     d = synthetic_fashion_mnist(n_train=96, n_test=48, seed=1)
     nets, accs = [], []

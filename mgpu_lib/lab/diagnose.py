@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
-from ..chapter import chapter_loader
+from ..data import chapter_loader
 from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18

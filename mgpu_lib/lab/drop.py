@@ -6,7 +6,7 @@ The chapter trains one `net` twice: on 1 GPU at batch B and learning rate lr, th
 2B and 2 lr, reusing the object. Its init re-draws conv and linear weights only, so the second
 run starts with the first run's BatchNorm scales, shifts and running statistics and its biases;
 MXNet's version of the chapter calls `initialize(force_reinit=True)` and starts afresh. Four runs
-per seed, all with the chapter's own code (`chapter.train`), tell the candidate causes apart:
+per seed, all with the chapter's own code (`d2l.train`), tell the candidate causes apart:
 
 - `first`: the chapter's first call, on a fresh lazy network (its init reaches 2 of 21 layers);
 - `reused`: the chapter's second call on the same object, at 2B and 2 lr;
@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..chapter import lazy_resnet18, train
+from .d2l import lazy_resnet18, train
 from ..data import load_fashion_mnist
 from ..devices import describe_devices
 from ..training import bn_accuracies, fixed_sample

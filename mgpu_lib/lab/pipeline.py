@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..chapter import PILImages
+from ..data import PILImages
 from ..data import DeviceLoader
 from ..hetero import forward_backward
 from .bench import images_per_second

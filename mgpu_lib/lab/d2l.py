@@ -1,0 +1,108 @@
+"""D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against.
+
+`lazy_resnet18` and `chapter_init_weights` are the network and the init as the chapter has them
+(the init skips lazy layers that have not seen data); `train` is its training loop, refactored.
+The book's versions (`mg.resnet18`, `mg.train`) fix what goes wrong here. The chapter's input
+pipeline is `mg.load_fashion_mnist_chapter`, in the core: `TrainConfig(fast=False)` runs it.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
+    """D2L's ResNet-18 as the chapter builds it: residual blocks of lazy layers, which learn
+    their input size at the first forward pass; until then their weights are
+    `UninitializedParameter`s and their class is `LazyConv2d`, not `Conv2d`."""
+    class LazyResidual(nn.Module):
+        def __init__(self, channels: int, use_1x1conv: bool = False, strides: int = 1):
+            super().__init__()
+            self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
+            self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
+            self.conv3 = (nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv
+                          else None)
+            self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+            return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
+
+    def stage(channels: int, first: bool) -> nn.Sequential:
+        return nn.Sequential(
+            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
+            LazyResidual(channels))
+
+    w = width
+    net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
+                        nn.BatchNorm2d(w), nn.ReLU())
+    for i, (channels, first) in enumerate([(w, True), (2 * w, False), (4 * w, False),
+                                           (8 * w, False)], start=1):
+        net.add_module(f"resnet_block{i}", stage(channels, first))
+    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
+    net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(8 * w, num_classes)))
+    return net
+
+
+def chapter_init_weights(net: nn.Module, std: float = 0.01) -> int:
+    """The chapter's init, `type(m) in [nn.Linear, nn.Conv2d]`; returns how many layers it reached.
+    The exact type test skips `LazyConv2d` layers that have not seen data yet."""
+    reached = 0
+    for m in net.modules():
+        if type(m) in (nn.Linear, nn.Conv2d):
+            nn.init.normal_(m.weight, std=std)
+            reached += 1
+    return reached
+
+
+def chapter_step(net: nn.Module, trainer, loss, device):
+    """The body of the chapter's training loop, as `step(X, y)`. It reads nothing back
+    to the host: the chapter's loop only draws test accuracy, once per epoch."""
+    def step(X, y):
+        trainer.zero_grad()
+        X, y = X.to(device), y.to(device)
+        l = loss(net(X), y)
+        l.backward()
+        trainer.step()
+    return step
+
+
+def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
+    """D2L's `evaluate_accuracy_gpu`: eval mode, and the count of correct predictions read back
+    to the host after every batch."""
+    net.eval()
+    device = device or next(iter(net.parameters())).device
+    correct = total = 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += float((net(X).argmax(dim=1).type(y.dtype) == y).sum())
+            total += y.numel()
+    return correct / total
+
+
+def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
+          num_epochs: int = 10, check_bn=None) -> dict:
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the
+    step factored out), the data and the devices passed in. Returns the test accuracy and
+    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize).
+    `check_bn(net) -> dict`, if given, adds its readings to each epoch's (the book's: the
+    same weights with BatchNorm's statistics recomputed, `training.bn_accuracies`)."""
+    chapter_init_weights(net)                 # net.apply(init_weights)
+    net = nn.DataParallel(net, device_ids=devices)
+    trainer = torch.optim.SGD(net.parameters(), lr)
+    step = chapter_step(net, trainer, nn.CrossEntropyLoss(), devices[0])
+    out = {"test_acc": [], "epoch_seconds": []}
+    for epoch in range(num_epochs):
+        net.train()
+        t0 = time.perf_counter()
+        for X, y in train_iter:
+            step(X, y)
+        out["epoch_seconds"].append(time.perf_counter() - t0)
+        out["test_acc"].append(evaluate_accuracy_gpu(net, test_iter))
+        for key, value in (check_bn(net) if check_bn else {}).items():
+            out.setdefault(key, []).append(value)
+    return out
