@@ -14,8 +14,8 @@ records, verdicts, figures, the command line). Importing runs nothing: devices a
 """
 from .config import TrainConfig
 from .data import load_fashion_mnist, load_fashion_mnist_chapter
-from .devices import (DeviceError, describe_devices, num_gpus, parameter_devices, resolve_devices,
-                      synchronize, timed, try_all_gpus, try_gpu)
+from .devices import (DeviceError, describe_devices, num_gpus, resolve_devices, synchronize, timed,
+                      try_all_gpus, try_gpu)
 from .hetero import HeteroDataParallel
 from .model import block_shapes, init_weights, num_params, resnet18, same_weights
 from .split import split_sizes
@@ -23,8 +23,7 @@ from .training import (TrainResult, build_model, evaluate_accuracy, fit, make_mo
                        train)
 
 __all__ = ["DeviceError", "HeteroDataParallel", "TrainConfig", "TrainResult", "block_shapes",
-           "build_model", "describe_devices", "evaluate_accuracy", "fit",
-           "init_weights", "load_fashion_mnist", "load_fashion_mnist_chapter",
-           "make_model", "make_step", "num_gpus", "num_params", "parameter_devices", "resnet18",
-           "resolve_devices", "same_weights", "split_sizes", "synchronize", "timed", "train",
-           "try_all_gpus", "try_gpu"]
+           "build_model", "describe_devices", "evaluate_accuracy", "fit", "init_weights",
+           "load_fashion_mnist", "load_fashion_mnist_chapter", "make_model", "make_step",
+           "num_gpus", "num_params", "resnet18", "resolve_devices", "same_weights", "split_sizes",
+           "synchronize", "timed", "train", "try_all_gpus", "try_gpu"]

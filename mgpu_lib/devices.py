@@ -1,7 +1,5 @@
-"""Which devices exist, which ones a run uses, how to time them, and how to name them.
-
-Nothing is resolved at import time: every function looks at the hardware when it is called.
-"""
+"""Which devices exist, which ones a run uses, how to time them, and how to name them (each
+function looks at the hardware when called, never at import)."""
 from __future__ import annotations
 
 import os
@@ -36,8 +34,8 @@ def try_gpu(i: int = 0) -> torch.device:
 
 
 def try_all_gpus() -> list[torch.device]:
-    """All GPUs, or `[mps]`, or `[cpu]`: never empty. d2l-en 1.x's `try_all_gpus` returns `[]`
-    without a GPU, whatever its docstring says (d2l-zh's returns `[cpu]`)."""
+    """All GPUs, or `[mps]`, or `[cpu]`: never empty (d2l-en 1.x's returns `[]` without a GPU,
+    whatever its docstring says)."""
     n = num_gpus()
     if n:
         return [torch.device(f"cuda:{i}") for i in range(n)]
@@ -81,11 +79,9 @@ def cpu_name() -> str:
 
 
 def autocast_dtype(device) -> Optional[str]:
-    """The reduced precision `device` runs fast: "bf16" on CUDA GPUs of compute capability 8.0
-    and newer (native bf16 tensor cores), "fp16" on 7.0 and 7.5 (a V100 or a Colab T4: fp16
-    tensor cores, no bf16), None elsewhere (older GPUs, CPUs, MPS): fp32.
-    `torch.cuda.is_bf16_supported()` is not the test: it also says True where bf16 is only
-    emulated, which on a T4 is slower than fp32."""
+    """The reduced precision `device` runs fast: "bf16" on CUDA from compute capability 8.0,
+    "fp16" on 7.0 and 7.5 (V100, T4: fp16 tensor cores, no bf16), else None (fp32). Not
+    `torch.cuda.is_bf16_supported()`: it says True where bf16 is emulated, slower on a T4."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -101,9 +97,8 @@ def synchronize(devices) -> None:
 
 
 class timed:
-    """`with timed(devices) as t: work()` then `t.seconds`: wall time of finished work. It
-    synchronizes `devices` before starting the clock and before stopping it; without that a GPU
-    timer measures how long it took to launch the work, not to do it."""
+    """`with timed(devices) as t: work()`, then `t.seconds`: the wall time of finished work
+    (`devices` synchronized before the clock starts and stops, or it times the launches)."""
 
     def __init__(self, devices=()):
         self.devices = list(devices)
@@ -133,8 +128,3 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
         parts.append(f"CPU: {cpu_name()} ({isa}), {os.cpu_count()} threads "
                      f"(torch uses {torch.get_num_threads()})")
     return " + ".join(parts)
-
-
-def parameter_devices(net: torch.nn.Module) -> list[str]:
-    """The devices holding `net`'s parameters and buffers, e.g. ['cpu'] or ['cuda:0']."""
-    return sorted({str(t.device) for t in [*net.parameters(), *net.buffers()]})

@@ -1,9 +1,6 @@
-"""Exercise 2: one batch split across devices of different power (a GPU and the CPU).
-
-`split.py` shares the batch by measured speed, `perf/split_time.py` predicts whether that pays,
-and `HeteroDataParallel` does the split for real, one replica per device. The speeds, a
-SIMULATED pair where there is no GPU, and a small trainer are in `lab/hetero_bench.py`.
-"""
+"""Exercise 2: one batch split across devices of different power (a GPU and the CPU), one
+replica per device. The speeds, a SIMULATED pair where there is no GPU, and a small trainer are
+in `lab/hetero_bench.py`."""
 from __future__ import annotations
 
 import copy
@@ -20,9 +17,8 @@ from .split import check_speeds, split_sizes
 
 def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdown: float = 1.0):
     """Forward and backward of `weight * loss`; returns (mean loss, correct) as tensors.
-    `slowdown > 1` is the SIMULATED throttle: after its real work the replica idles for
-    `slowdown - 1` times as long, as a slower device would still be computing; idling (not
-    repeating work) leaves the cores to the other replica, as a separate device would."""
+    `slowdown > 1` is the SIMULATED throttle: the replica then idles `slowdown - 1` times as
+    long as it worked, as a slower device would still be computing, leaving the cores free."""
     t0 = time.perf_counter()
     out = net(x)
     loss = loss_fn(out, y)
@@ -36,13 +32,11 @@ def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdow
 class HeteroDataParallel:
     """One replica per device; each batch split by speed; one optimizer step on the main device.
 
-    The shards run concurrently in threads (PyTorch ops release the GIL). Each shard's mean loss
-    is weighted by its share of the batch, so the summed gradients equal the full batch's.
-    BatchNorm: each replica normalizes with its own shard's statistics (as DataParallel does);
-    the running statistics are averaged, weighted by shard size, then copied to every replica.
-    For the running mean of the first BN layer this is exactly the full batch's.
-    Use as a context manager (it owns a thread pool). The optimizer must hold `.module`'s
-    parameters, and `loss_fn` must average over the batch.
+    The shards run in threads (PyTorch ops release the GIL). Each shard's mean loss is weighted
+    by its share of the batch, so the summed gradients equal the full batch's. BatchNorm
+    normalizes each shard by its own statistics (as DataParallel does); the running statistics
+    are averaged, weighted by shard size. A context manager (it owns a thread pool); the
+    optimizer holds `.module`'s parameters, and `loss_fn` averages over the batch.
     """
 
     def __init__(self, net: nn.Module, devices: Sequence, speeds: Sequence[float], *,

@@ -1,9 +1,6 @@
-"""The chapter's ResNet-18 for small (28x28) inputs, built with eager layers.
-
-D2L's version uses lazy modules, so `init_weights` applied before the first forward pass skips
-them. Here every layer knows its input size up front: the init reaches every layer, and the
-parameter count is known before any data flows.
-"""
+"""The chapter's ResNet-18 for 28x28 inputs, built with eager layers: unlike D2L's lazy ones,
+every layer knows its input size up front, so the init reaches every layer and the parameter
+count is known before any data flows."""
 from __future__ import annotations
 
 import torch
@@ -45,12 +42,9 @@ def resnet_block(in_channels: int, out_channels: int, num_residuals: int,
 
 
 def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Sequential:
-    """The chapter's slightly modified ResNet-18: 3x3 stride-1 stem and no max-pool.
-
-    An `nn.Sequential` with the chapter's module names. `width` is the first stage's channels
-    (later stages use 2x, 4x and 8x): 64 is the chapter's model (11,175,818 parameters), 16 a
-    CPU-friendly model with the same structure.
-    """
+    """The chapter's ResNet-18 (3x3 stride-1 stem, no max-pool), with its module names.
+    `width` is the first stage's channels (then 2x, 4x, 8x): 64 is the chapter's model
+    (11,175,818 parameters), 16 a CPU-friendly one of the same structure."""
     if width < 1:
         raise ValueError(f"width must be a positive integer, got {width}")
     w = width

@@ -1,10 +1,6 @@
-"""Splitting one batch across devices of different speed: the arithmetic, with no torch.
-
-Give each device a share of the batch in proportion to its measured speed, so every shard
-finishes at about the same moment; in whole samples, the split whose slowest shard finishes
-first (`split_sizes`). Then pay the sync: gradients travel to the main device, weights travel
-back; whether the saved compute outweighs it is the model in `perf/split_time.py`.
-"""
+"""Splitting one batch across devices of different speed, in proportion to their measured
+speeds, so that every shard finishes at about the same moment (whether the saved compute
+outweighs the sync is `perf/split_time.py`'s model)."""
 from __future__ import annotations
 
 import heapq
@@ -29,15 +25,10 @@ def check_speeds(speeds: Sequence[float]) -> list[float]:
 
 
 def split_sizes(total: int, speeds: Sequence[float]) -> list[int]:
-    """Whole-sample shares of a batch of `total` whose slowest shard, `max(n_i / s_i)`, finishes
-    first: the exact optimum over all integer splits.
-
-    Each sample in turn goes to the device that would finish it first, given what it already
-    has. That greedy is optimal: after k samples no split of k can end sooner (an exchange
-    argument; tests/test_hetero.py checks it against brute force). A zero-speed device gets
-    nothing; a device so slow that one sample would make it the slowest shard gets nothing too.
-    Ties go to the faster device, then the first.
-    """
+    """Whole-sample shares of a batch of `total` whose slowest shard, `max(n_i / s_i)`,
+    finishes first: each sample in turn goes to the device that would finish it first. That
+    greedy is optimal (an exchange argument; tests/test_hetero.py checks it by brute force).
+    A device too slow for even one sample gets none; ties go to the faster, then the first."""
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise ValueError(f"total must be an integer >= 0, got {total!r}")
     speeds = check_speeds(speeds)
