@@ -1,7 +1,6 @@
 """The step-time model held against measurements: a calibration on the hardware at hand, and
-the published runs of 12.6 (`published`). From the PyTorch runs that name their GPU, `fit` takes
-only what no datasheet gives, per GPU class; the spread of the fits is each prediction's band.
-"""
+the published runs of 12.6. From the PyTorch runs that name their GPU, `fit` takes only what no
+datasheet gives, per GPU class; the spread of the fits is each prediction's band."""
 from __future__ import annotations
 
 import functools
@@ -34,10 +33,9 @@ class Calibration:
 
 
 def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
-    """Fit (per-device batch, step seconds) pairs with a line; the intercept is the per-step
-    overhead, the slope the seconds per image. Where the line cannot be trusted (one batch size,
-    a negative intercept, or noise making time fall with batch), fall back to a line through the
-    origin: all cost per image, which is always positive for positive measurements."""
+    """Fit (per-device batch, step seconds) pairs with a line: intercept the per-step overhead,
+    slope the seconds per image. Where it cannot be trusted (one batch size, a negative
+    intercept, time falling with batch), a line through the origin instead."""
     pts = [(float(b), float(t)) for b, t in measurements]
     if not pts or any(b <= 0 or t <= 0 for b, t in pts):
         raise ValueError("calibrate needs positive (batch, seconds) measurements")
@@ -66,8 +64,7 @@ def half_speed_batch(rows: Sequence[dict]) -> Optional[float]:
 
 
 def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
-    """For each measurement: calibrate on the others, predict it, report the relative error.
-    An honest check: no point is predicted by a fit that has seen it."""
+    """For each measurement: calibrate on the others, predict it, report the relative error."""
     rows = []
     for i, (b, t) in enumerate(measurements):
         pred = calibrate([m for j, m in enumerate(measurements) if j != i]).step_time(b)
@@ -77,10 +74,10 @@ def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
 
 def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
              cores: int = 1) -> DeviceSpec:
-    """A DeviceSpec for a CPU from its calibrated rate (split across `cores` worker processes):
-    its 'peak' is what it achieved, so use it with efficiency=1."""
+    """A DeviceSpec for a CPU from its calibrated rate split across `cores` worker processes:
+    its 'peak' is what it achieved (use efficiency=1)."""
     tflops = cal.achieved_tflops(workload) / cores
-    return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
+    return DeviceSpec(name, tflops, None, None, 20.0, "measured here (calibrate)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,19 +133,13 @@ def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
     return _implied(one, base, "efficiency", 0.01, 3.0)
 
 
-def _tf32(name: str) -> bool:
-    """Whether the GPU of a datasheet name runs the chapter's convolutions in TF32."""
-    spec = DEVICES.get(name)
-    return bool(spec and spec.tf32_tflops)
-
-
 def _lenders(bands: dict, spec: Optional[DeviceSpec], by_peak: bool) -> dict:
     """The fitted GPUs a GPU no run names borrows from: with `by_peak`, a TF32 GPU only from
-    TF32-fitted ones (an FP32 core's efficiency says nothing of a tensor core's), where any
-    is fitted; otherwise, and for a GPU without TF32, every fitted GPU (the widest band)."""
+    TF32-fitted ones where any is (an FP32 core's efficiency says nothing of a tensor core's);
+    otherwise every fitted GPU (the widest band)."""
     if by_peak and spec is not None and spec.tf32_tflops:
-        same = {k: v for k, v in bands.items() if _tf32(k)}
-        return same or bands
+        return {k: v for k, v in bands.items()
+                if getattr(DEVICES.get(k), "tf32_tflops", None)} or bands
     return bands
 
 
@@ -348,11 +339,10 @@ def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fi
 
 def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
             spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
-    """Which of two predictions (seconds) of the same fit is smaller, paired: both are
-    evaluated at the same corners of the fit (and its middle), and "A faster" only where A is
-    smaller at every one, "B faster" the other way round; where the corners disagree,
-    `UNDECIDED`. (Two bands of one fit move together: held side by side as if independent,
-    they overlap where one setup wins at every corner.)"""
+    """Which of two predictions (seconds) of the same fit is smaller, paired: "A faster" only
+    where A is smaller at every corner of the fit (and its middle), "B faster" the other way
+    round, else `UNDECIDED`. (Two bands of one fit move together: they may overlap where one
+    setup wins at every corner.)"""
     if len(names) != 2 or names[0] == names[1]:
         raise ValueError(f"compare needs two different names, got {tuple(names)!r}")
     f = f or published_fit()
