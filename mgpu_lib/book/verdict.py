@@ -1,28 +1,15 @@
 """What the prose may say: the book's one verdict rule, and `glue` to put it on the page.
 
-Is A ahead of B, B ahead of A, or can the seeds not tell?
-
-    v = paired({0: 0.83, 1: 0.81, 2: 0.85}, {0: 0.79, 1: 0.80, 2: 0.78},
-               names=("batch 256", "batch 512"), scale=100, unit="points")
-    str(v)   # "cannot be told apart: batch 256 minus batch 512 = +4.00 ± 1.73 points (3 seeds,
-             #  paired); the smallest gap these seeds could call is 7.45 points"
-
-The rule: take A minus B seed by seed (paired) only where the two sides' runs of the same
-seed are correlated, so that the shared seed removes noise (`compare` tests it: training is
-chaotic, and the book's own paired runs correlate at about 0); else the difference of the two
-means with Welch's standard error (unpaired). A side is ahead only when the mean difference is
-further from zero than Student's t at n - 1 degrees of freedom (Welch-Satterthwaite's when
-unpaired), two-sided 95%, times its standard error; so, with no real difference, the rule names
-a winner 1 time in 20 whatever the number of seeds (the old "2 standard errors" cut named one
-1 time in 5 with 3 seeds and 1 in 3 with 2: `false_call_rate`). A winner's margin is printed
-positive; an undecided result names the smallest observed difference its seeds would have
-called (t times the standard error) and how often a true gap that size is called (`power`,
-about half the time), never "no effect". One seed has no standard error, so it never decides
-anything. Several verdicts on the same seeds are held together by `holm`. Every verdict on a
-page is this module's output, glued into the prose, never typed:
-
-    glue("warmup_verdict", v)   # then {glue:text}`warmup_verdict` in a markdown cell
-"""
+Is A ahead of B, B ahead of A, or can the seeds not tell? Take A minus B seed by seed (paired)
+only where the two sides' runs of a seed are correlated (`compare` tests it: training is
+chaotic, and the book's paired runs correlate at about 0); else the difference of the means
+with Welch's standard error. A side is ahead only when the mean difference passes Student's t
+(two-sided 95%) times its standard error, so with no real difference a winner is named 1 time
+in 20 whatever the number of seeds (`false_call_rate`). An undecided result names the smallest
+gap its seeds could call and how often a true gap that size is called (`power`, about half),
+never "no effect"; one seed decides nothing; `holm` holds several verdicts together. Every
+verdict on a page is glued into the prose, never typed: `glue("warmup_verdict", v)`, then
+{glue:text}`warmup_verdict` in a markdown cell."""
 from __future__ import annotations
 
 import functools
@@ -57,9 +44,8 @@ def false_call_rate(n: int, cut: float) -> float:
 
 @functools.lru_cache(maxsize=256)
 def power(dof: float, level: float = LEVEL) -> float:
-    """How often the rule calls a true gap as large as its own threshold: a gap of t x the
-    true standard error, with `dof` degrees of freedom. About half: 0.68 at 1, 0.61 at 2
-    (3 seeds), 0.56 at 4, towards 0.50 with many. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
+    """How often the rule calls a true gap of t x the true standard error, with `dof` degrees
+    of freedom: 0.68 at 1, 0.61 at 2, towards 0.50. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
     if not dof > 0:
         return math.nan
     t = t_critical(dof, level)
@@ -197,7 +183,8 @@ def _finite(values: Iterable[float]) -> list[float]:
 
 
 def _no_finished_seed(a, b, names) -> Verdict | None:
-    """The verdict when a side has no finished seed (every run diverged or failed), else None."""
+    """After `_check`ing the names: the verdict when a side has no finished seed, else None."""
+    _check(0.0, 0.0, names)
     missing = [name for name, side in zip(names, (a, b)) if not len(side)]
     if not missing:
         return None
@@ -211,7 +198,6 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
 
     `scale` multiplies the differences (100 turns accuracies into points); set
     `lower_is_better` for times, so that the faster side is the one ahead."""
-    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     seeds = sorted(set(a) & set(b))
@@ -229,7 +215,6 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     """A against B as independent runs: the difference of the means, with Welch's standard
     error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is the
     smaller side's number of seeds; `r`, where the sides share seeds, their correlation."""
-    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
@@ -259,11 +244,8 @@ def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
 
 
 def holm(verdicts: Sequence[Verdict], level: float = LEVEL) -> list[Verdict]:
-    """Several verdicts on the same seeds, held together: Holm's step-down keeps the chance
-    of any false winner among them at 1 - `level`. The smallest p-value must pass
-    (1 - level) / m, the next (1 - level) / (m - 1), and so on; the first that fails leaves it
-    and every larger one undecided. Each verdict comes back (in the order given) with the
-    level it was held to, so that its threshold and its power say what it could call."""
+    """Several verdicts on the same seeds, held together by Holm's step-down (the chance of any
+    false winner stays 1 - `level`); each comes back, in order, with the level it was held to."""
     m, alpha = len(verdicts), 1 - level
     order = sorted(range(m), key=lambda i: (math.isnan(verdicts[i].p), verdicts[i].p))
     out: list = [None] * m
