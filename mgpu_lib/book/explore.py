@@ -86,9 +86,8 @@ def _note(gpu: str, n: int, strategy: str, total: int, link: str) -> str:
 
 
 def gpu_values(gpu: str, n: int, strategy: str, mode: str, batch: int, link: str) -> dict:
-    """The ex1 panel's values for one setting: seconds per epoch (the middle of the fitted band,
-    its low and high), the speed-up over one GPU of the kind at the same batch per GPU, and the
-    step's parts in ms at the middle."""
+    """The ex1 panel's values for one setting: seconds per epoch (middle, low, high of the band),
+    the speed-up over one such GPU at the same batch per GPU, the step's parts in ms."""
     spec, ln, s = DEVICES[gpu], links(gpu)[link], STRATEGIES[strategy]
     total = batch * n if mode == "per GPU" else batch
     lo, mid, hi = band(epoch_time(n, total, spec, ln, s), spec)
@@ -146,9 +145,8 @@ def _packed(v: dict, notes: dict) -> str:
 
 def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, float],
                  pcie_sync: Callable[[DeviceSpec], float], width: int = 64) -> dict:
-    """The ex2 panel's values for one pair of devices: for each share of the second device that
-    `shard_grid` tries (around `split_sizes`'s optimum), each shard's time and the step's,
-    at the middle of the GPU's fitted band, with the step's band; and the GPU alone."""
+    """The ex2 panel's values for one pair of devices: for each `shard_grid` share of the second
+    device, each shard's time and the step's (band middle, and band); and the GPU alone."""
     spec = DEVICES[gpu]
     sync_s = pcie_sync(spec) if sync == "the PCIe copy" else SYNCS[sync]
 
@@ -172,8 +170,7 @@ def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, flo
 
 
 def _chart(points: list, best: int, slow: str) -> dict:
-    """SVG coordinates of the step time against the share: the middle's line, the band, the
-    optimum's x and each point's dot."""
+    """SVG coordinates of the step time against the share: line, band, optimum's x, dots."""
     w, h, m = CHART
     xmax = max(p["share"] for p in points) or 1
     ymax = max(p["raw"][2] for p in points)
@@ -246,8 +243,7 @@ def _split_packed(v: dict) -> dict:
 # The views: a widget in a kernel, HTML in the book
 
 class Explorer:
-    """Controls, the panel they drive, and the book's view; displays as the widget followed by
-    the view (hidden outside the book)."""
+    """Controls, the panel they drive, and the book's view (hidden outside the book)."""
 
     def __init__(self, controls: dict, panel, view: str):
         self.controls, self.panel, self.view = controls, panel, view

@@ -176,8 +176,7 @@ def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[Tr
 
 
 def check_point(config: TrainConfig, options: dict) -> None:
-    """A ValueError or DeviceError, naming the point, if it cannot train here: more GPUs than
-    exist, DDP processes that do not split the batch, warmup with DDP."""
+    """A ValueError or DeviceError, naming the point, if it cannot train here."""
     nprocs = options.get("nprocs", 0)
     try:
         if nprocs and options.get("warmup_epochs"):

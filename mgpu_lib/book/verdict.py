@@ -57,8 +57,7 @@ def power(dof: float, level: float = LEVEL) -> float:
 
 
 def correlation(a: Mapping, b: Mapping) -> float:
-    """Pearson's r of the two sides' values over the seeds both hold (nan below 3 seeds, or
-    where a side does not vary)."""
+    """Pearson's r over the seeds both hold (nan below 3 seeds, or where a side is constant)."""
     seeds = sorted(set(a) & set(b))
     x, y = _finite(a[s] for s in seeds), _finite(b[s] for s in seeds)
     if len(seeds) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
@@ -67,9 +66,8 @@ def correlation(a: Mapping, b: Mapping) -> float:
 
 
 def pairing_pays(r: float, n: int) -> bool:
-    """Pair by seed only where the runs of a seed are correlated: r above zero at one-sided
-    95% (Pearson's test over the `n` shared seeds). Uncorrelated pairs only lose degrees of
-    freedom (n - 1 against Welch's up to 2n - 2)."""
+    """Pair by seed only where r is above zero at one-sided 95% over the `n` shared seeds:
+    uncorrelated pairs only lose degrees of freedom (n - 1 against Welch's up to 2n - 2)."""
     if n < 3 or math.isnan(r) or r <= 0:
         return False
     if r >= 1:
@@ -234,9 +232,8 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
 
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
             **kwargs) -> Verdict:
-    """The book's verdict on two settings over seeds ({seed: value} each): paired by seed
-    where the runs of a seed are correlated (`pairing_pays`), Welch's unpaired test otherwise,
-    with the measured correlation kept on the verdict (`Verdict.r`)."""
+    """The book's verdict on two settings over seeds ({seed: value} each): paired where
+    `pairing_pays`, else Welch's unpaired test, with the correlation kept (`Verdict.r`)."""
     r = correlation(a, b)
     if pairing_pays(r, len(set(a) & set(b))):
         return paired(a, b, names, **kwargs)

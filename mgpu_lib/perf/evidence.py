@@ -199,10 +199,8 @@ class Fit:
 
 
 def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overheads()) -> Fit:
-    """Per GPU class: the efficiency vs counted FLOPs of its 1-GPU lines, then DataParallel's
-    Python per device of its 2-GPU lines, each at the efficiency its own 1-GPU line implies.
-    Each class gets its own band: a class that needs thread_s clamped at 0 (the RTX 4090
-    rows, behind a staged link) does not pull another class's down."""
+    """Per GPU class, its own band: the efficiency of its 1-GPU lines, then DataParallel's
+    Python per device of its 2-GPU lines, each at the efficiency its own 1-GPU line implies."""
     known = _known(rows)
     run_eff = {r.run: line_efficiency(r, base) for r in known if r.n_gpus == 1}
     effs: dict = {}
@@ -227,8 +225,7 @@ def published_fit() -> Fit:
 
 def held_out(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     """Leave one out: each published line with a named GPU, predicted at the mean of a fit of
-    all the others (its own 1-GPU partner included: the fit sees the GPU, never the figure);
-    a 2-GPU line at the efficiency its own 1-GPU line implies, where the fit has that line."""
+    all the others; a 2-GPU line at the efficiency its own 1-GPU line implies, where it can."""
     known = _known(rows)
     out = []
     for r in known:
@@ -269,8 +266,7 @@ def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[Published
 def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
                  ) -> list[dict]:
     """The model-free baseline beside `conditioned_errors`: each build's 2-GPU line predicted
-    as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line. Where
-    this does as well as the model, the data identify one ratio, not the model's parts."""
+    as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line."""
     known = [p for p in pairs(_known(rows)) if spec_for_name(p[0].gpu).name == gpu]
     out = []
     for one, two in known:
@@ -284,10 +280,8 @@ def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] 
 
 
 def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
-    """Leave one source out: every line of a repository predicted by a fit of the other
-    repositories alone; a 1-GPU line at the fit's middle (a GPU the others never ran is lent
-    every fitted GPU's range), a 2-GPU line from its own 1-GPU line (`_conditioned`). Each
-    row says whether the published figure lies inside the band."""
+    """Leave one source out: each line of a repository predicted by a fit of the others (a
+    2-GPU line from its own 1-GPU line), and whether the published figure is inside the band."""
     known = _known(rows)
     out = []
     for repo in dict.fromkeys(r.repo for r in known):
@@ -304,9 +298,8 @@ def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict
 
 
 def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
-    """Each published 1 -> 2 GPU comparison with a named GPU, as a reader meets it: given the
-    1-GPU line, is 2 GPUs faster? Published speedup t1 / t2 against t1 / the held-out
-    prediction of t2 (> 1: two GPUs faster), and whether the two agree in direction."""
+    """Each published 1 -> 2 GPU comparison with a named GPU: the published speedup t1 / t2,
+    t1 over the held-out prediction of t2, and whether they agree (both > 1 or both not)."""
     known = _known(rows)
     pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(known)}
     out = []
@@ -356,8 +349,8 @@ def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,
                link: Optional[LinkSpec] = None, strategy: str = "dp",
                num_images: int = 60000) -> Callable[[Overheads], float]:
-    """`overheads -> seconds per epoch` of one setup, the form `band` and `compare` take; the
-    link defaults to the GPU's own (`scaling.pair_link`)."""
+    """`overheads -> seconds per epoch` of one setup, for `band` and `compare`; the link
+    defaults to `scaling.pair_link`."""
     link = link or pair_link(spec)
     return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
                                         strategy, overheads=o)
