@@ -9,11 +9,10 @@
     torchrun --standalone --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # DDP itself
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
-(its result is still written); 130 Ctrl-C and 143 SIGTERM (one line each). Output paths are
-checked before any work starts, and a result is saved before anything is printed about it; once
-standard output's reader is gone (`| head`), what would be printed is dropped and the work goes
-on; standard output that cannot be written (`> /dev/full`) is one line and exit 2 at the end. A
-standard stream closed by the caller (`2>&-`) is os.devnull.
+(its result is still written); 130 Ctrl-C and 143 SIGTERM. Output paths are checked before any
+work, and a result is saved before anything is printed about it; once standard output's reader
+is gone (`| head`), printing is dropped and the work goes on; standard output that cannot be
+written (`> /dev/full`) is one line and exit 2 at the end.
 """
 from __future__ import annotations
 
@@ -73,16 +72,15 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(config=TrainConfig) -> Parser:
-    """The command line; every `config` field declared with `config.setting` is a flag of
-    train, sweep and worker, and a key of --vary."""
+    """The command line; every `config.setting` field is a flag of train, sweep and worker."""
     parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
     parser.set_defaults(config_class=config)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(name: str, text: str, trains: bool = False,
                 out: str = "write the TrainResult JSON here") -> argparse.ArgumentParser:
-        """A subcommand; one that `trains` has a flag per setting of `config`, then --profile
-        and --out. A flag left out keeps the profile's value; a true/false flag alone is true."""
+        """A subcommand; one that `trains` has a flag per setting of `config` (left out: the
+        profile's value), --profile and --out."""
         p = sub.add_parser(name, help=text)
         for f in on_cli(config) if trains else []:
             on_off = f.metadata["check"] is FLAG
@@ -210,8 +208,8 @@ SWEEP_HOURS = 2.0
 
 def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool,
                notes: Sequence[str] = ()) -> None:
-    """Print a sweep's plan (and `notes`); a ValueError if it is too big for a sweep, or, unless
-    `yes`, more than `SWEEP_CAP` points or `SWEEP_HOURS` hours. `sweep` and the tools' sweeps."""
+    """Print a sweep's plan (and `notes`); a ValueError if it is too big, or, unless `yes`,
+    more than `SWEEP_CAP` points or `SWEEP_HOURS` hours."""
     n = check_points(vary, seeds)
     pred = predicted_sweep(base, vary, seeds)
     print("\n".join([plan_line(base, vary, seeds, pred)] + [f"note: {t}" for t in notes]),
@@ -341,9 +339,8 @@ COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker"
 
 class _Stdout:
     """Standard output that outlives its reader (`| head -1`) or its device (`> /dev/full`):
-    once a write fails, what would be printed is dropped (the descriptor pointed at
-    os.devnull, the recipe of Python's docs for SIGPIPE) and the work goes on, so no result is
-    lost to a traceback. A failure other than a closed pipe is kept in `error`, for one line."""
+    once a write fails, the descriptor points at os.devnull (Python's SIGPIPE recipe) and the
+    work goes on. A failure other than a closed pipe is kept in `error`, for one line."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
@@ -399,8 +396,8 @@ def _terminated(signum, frame):
 
 @contextmanager
 def sigterm_interrupts():
-    """While inside, SIGTERM raises `Terminated` (a KeyboardInterrupt), so `finally` blocks run
-    and the command says what it stopped. The main thread only (signals go there)."""
+    """While inside, SIGTERM on the main thread raises `Terminated` (a KeyboardInterrupt), so
+    `finally` blocks run and the command says what it stopped."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:

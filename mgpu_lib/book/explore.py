@@ -1,17 +1,10 @@
 """Explorers: change a setting and read the library's prediction, in a notebook and in the book.
 
-    from mgpu_lib.book.explore import gpus_explorer, split_explorer
-    gpus_explorer()                       # exercise 1: what would N GPUs do?
-    split_explorer(cpus, pcie_sync)       # exercise 2: split a batch
-
-Each explorer is ipywidgets controls whose callbacks call the library's arithmetic (`perf` for the
-step time and its band, `split` for the shares), shown as one panel of HTML. Beside the widget it
-displays a view for the rendered book, where no kernel runs: the same panel and controls, and the
-panel's values for every setting of the controls, computed here when the page runs, for
-_static/explorer.js to pick from. A notebook shows the widget and hides the view (`hidden`); the
-book shows the view (_static/explorer.css) and never a widget, whose JavaScript would come from a
-CDN (`nb_ipywidgets_js` in _config.yml).
-"""
+Each explorer is ipywidgets controls whose callbacks call `perf` and `split`, shown as one HTML
+panel. Beside the widget it displays a view for the rendered book, where no kernel runs: the same
+panel and controls, with the panel's values for every setting, for _static/explorer.js to pick
+from. A notebook hides the view (`hidden`); the book shows it and never a widget (whose
+JavaScript would come from a CDN)."""
 from __future__ import annotations
 
 import functools
@@ -36,6 +29,7 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f")     # the book's matplotli
 SPLIT_GPUS = ("T4", "V100 SXM2", "A100 SXM4 80GB", "H100 SXM5")
 SLOWER = (2, 3, 10)                   # a second device this many times slower than the GPU
 SYNCS = {"none": 0.0, "10 ms": 1e-2}
+SYNC_CHOICES = ["the PCIe copy", *SYNCS]
 BATCHES = (128, 256, 512)
 CHART = (320, 150, 34)                # the curve's width, height and margin, SVG px
 
@@ -92,9 +86,8 @@ def _note(gpu: str, n: int, strategy: str, total: int, link: str) -> str:
 
 
 def gpu_values(gpu: str, n: int, strategy: str, mode: str, batch: int, link: str) -> dict:
-    """The ex1 panel's values for one setting: seconds per epoch (the middle of the fitted band,
-    its low and high), the speed-up over one GPU of the kind at the same batch per GPU, and the
-    step's parts in ms at the middle."""
+    """The ex1 panel's values for one setting: seconds per epoch (middle, low, high of the band),
+    the speed-up over one such GPU at the same batch per GPU, the step's parts in ms."""
     spec, ln, s = DEVICES[gpu], links(gpu)[link], STRATEGIES[strategy]
     total = batch * n if mode == "per GPU" else batch
     lo, mid, hi = band(epoch_time(n, total, spec, ln, s), spec)
@@ -152,9 +145,8 @@ def _packed(v: dict, notes: dict) -> str:
 
 def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, float],
                  pcie_sync: Callable[[DeviceSpec], float], width: int = 64) -> dict:
-    """The ex2 panel's values for one pair of devices: for each share of the second device that
-    `shard_grid` tries (around `split_sizes`'s optimum), each shard's time and the step's,
-    at the middle of the GPU's fitted band, with the step's band; and the GPU alone."""
+    """The ex2 panel's values for one pair of devices: for each `shard_grid` share of the second
+    device, each shard's time and the step's (band middle, and band); and the GPU alone."""
     spec = DEVICES[gpu]
     sync_s = pcie_sync(spec) if sync == "the PCIe copy" else SYNCS[sync]
 
@@ -178,8 +170,7 @@ def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, flo
 
 
 def _chart(points: list, best: int, slow: str) -> dict:
-    """SVG coordinates of the step time against the share: the middle's line, the band, the
-    optimum's x and each point's dot."""
+    """SVG coordinates of the step time against the share: line, band, optimum's x, dots."""
     w, h, m = CHART
     xmax = max(p["share"] for p in points) or 1
     ymax = max(p["raw"][2] for p in points)
@@ -232,12 +223,11 @@ def split_panel(v: dict, i: int) -> str:
 def split_grid(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], float]) -> dict:
     """Every setting's panel values, for the book: grid[g][s][b][y] is the record of
     `split_values` with each point packed as the panel prints it."""
-    slows, syncs = [*cpus, *(f"a device {k} times slower" for k in SLOWER)], [
-        "the PCIe copy", *SYNCS]
-    grid = [[[[_split_packed(split_values(g, s, b, y, cpus, pcie_sync)) for y in syncs]
+    slows = [*cpus, *(f"a device {k} times slower" for k in SLOWER)]
+    grid = [[[[_split_packed(split_values(g, s, b, y, cpus, pcie_sync)) for y in SYNC_CHOICES]
               for b in BATCHES] for s in slows] for g in SPLIT_GPUS]
-    return dict(gpus=list(SPLIT_GPUS), slows=slows, batches=list(BATCHES), syncs=syncs,
-                grid=grid)
+    return dict(gpus=list(SPLIT_GPUS), slows=slows, batches=list(BATCHES),
+                syncs=list(SYNC_CHOICES), grid=grid)
 
 
 def _split_packed(v: dict) -> dict:
@@ -253,8 +243,7 @@ def _split_packed(v: dict) -> dict:
 # The views: a widget in a kernel, HTML in the book
 
 class Explorer:
-    """Controls, the panel they drive, and the book's view; displays as the widget followed by
-    the view (hidden outside the book)."""
+    """Controls, the panel they drive, and the book's view (hidden outside the book)."""
 
     def __init__(self, controls: dict, panel, view: str):
         self.controls, self.panel, self.view = controls, panel, view
@@ -351,17 +340,17 @@ def split_explorer(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], flo
     `pcie_sync(spec)`: the sync's seconds over the GPU's PCIe link."""
     import ipywidgets as w
     slows = [*cpus, *(f"a device {k} times slower" for k in SLOWER)]
-    slow, sync = slow or slows[0], "the PCIe copy"
+    slow, sync = slow or slows[0], SYNC_CHOICES[0]
     values = split_values(gpu, slow, batch, sync, cpus, pcie_sync)
     shares = [p["share"] for p in values["points"]]
     c = dict(gpu=w.Dropdown(options=SPLIT_GPUS, value=gpu, description="GPU"),
              slow=w.Dropdown(options=slows, value=slow, description="Second device"),
              batch=w.Dropdown(options=BATCHES, value=batch, description="Batch"),
-             sync=w.Dropdown(options=["the PCIe copy", *SYNCS], value=sync, description="Sync"),
+             sync=w.Dropdown(options=SYNC_CHOICES, value=sync, description="Sync"),
              share=w.SelectionSlider(options=shares, value=values["best"],
                                      description="Its images"))
-    state = dict(values=values)
-    panel = w.HTML(split_panel(values, shares.index(values["best"])))
+    state, best = dict(values=values), shares.index(values["best"])
+    panel = w.HTML(split_panel(values, best))
 
     def update(change) -> None:
         if change["owner"] is not c["share"]:
@@ -376,11 +365,10 @@ def split_explorer(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], flo
 
     for control in c.values():
         control.observe(update, names="value")
-    best = shares.index(values["best"])
     controls = (_select("gpu", "GPU", SPLIT_GPUS, gpu)
                 + _select("slow", "Second device", slows, slow)
                 + _select("batch", "Batch", BATCHES, batch)
-                + _select("sync", "Sync", ["the PCIe copy", *SYNCS], sync)
+                + _select("sync", "Sync", SYNC_CHOICES, sync)
                 + _range("share", "Second device's share", len(shares), best,
                          f"{values['best']} images"))
     return Explorer(c, panel, _view("split", SPLIT_TITLE, controls, panel.value,

@@ -1,21 +1,10 @@
 """What each page of the book trains, how long that should take, and how to fit it in a budget.
 
-Every notebook's setup cell calls `setup_page(<its name>)`. That picks the profile, predicts the
-page's run time on the hardware it finds, and `trim`s a page that would take longer than the
-budget (`BUDGET_MIN` minutes; `MGPU_PAGE_BUDGET_MIN` sets another, 0 = no limit). It returns
-the lines the cell prints, cuts included, so a reader always knows what ran.
-
-The predictions come from a model, not from measurements:
-- a GPU with a datasheet in `scaling.DEVICES` trains a step in `scaling.predict_step_time`, at
-  the fraction of its FP32 peak and DataParallel's Python per device that `evidence` fits to the
-  published runs; the low and high ends of those fits give the range (a GPU no published run
-  names gets the range of every fitted GPU). The trim aims at the middle. Autocast is left out,
-  so with tensor cores the prediction errs long;
-- a CPU trains at the fast-loop rate of the recorded 2-core benchmarks (`bench_cpu.jsonl`, fp32),
-  scaled to the width by FLOPs. The slowest and the fastest recorded CPU give a range;
-- evaluating an image costs a third of training one (forward only);
-- a page also spends `STARTUP_S` on imports, data and figures.
-"""
+Every notebook's setup cell calls `setup_page(<its name>)`: it picks the profile, predicts the
+page's run time (`perf.runtime`: a range, from the fitted overheads on a GPU, from the recorded
+CPUs on a CPU; autocast left out, so with tensor cores it errs long; plus `STARTUP_S`), and
+`trim`s a page longer than the budget (`BUDGET_MIN` minutes; `MGPU_PAGE_BUDGET_MIN` sets
+another, 0 = no limit). It returns the lines the cell prints, cuts included."""
 from __future__ import annotations
 
 import math
@@ -46,10 +35,8 @@ MIN_TRAIN = 5_000           # trimming never goes below this many training image
 class Ex1Plan:
     """Exercise 1's sweeps under a profile: the base config, the values, and the stores.
 
-    `store` is where the page reads its points: under `cpu` the record shipped with the package
-    (`recorded` is True), read and never written. New points go to `runs` in `./runs/`, never
-    inside the package. So `sweep(..., store=plan.runs, recorded=plan.store if plan.recorded
-    else None)`."""
+    `store` is where the page reads its points (under `cpu` a shipped record, `recorded`, never
+    written); new points go to `runs` in `./runs/`, never inside the package."""
     base: TrainConfig
     epochs: list
     batches: list
@@ -67,10 +54,8 @@ def recorded_cpu_rates() -> dict[str, dict[int, float]]:
 
 def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
                  ) -> Optional[tuple[float, float, str]]:
-    """(low, high, on what): the seconds `jobs` take on GPUs named `gpu_name` (the band of the
-    fitted overheads), or without one on the recorded 2-core CPUs (the slowest and the
-    fastest). None where no datasheet or record predicts it. The one prediction the pages'
-    setup cells and a sweep's plan both make."""
+    """(low, high, on what): the seconds `jobs` take on GPUs named `gpu_name` (the fitted band),
+    or without one on the recorded 2-core CPUs (slowest, fastest); None: no datasheet or record."""
     if gpu_name:
         spec = spec_for_name(gpu_name)
         if spec is None:
@@ -84,9 +69,8 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
 
 
 def ex1_plan(profile: Profile, *, fresh: bool = True) -> Ex1Plan:
-    """smoke: a tiny sweep, trained afresh on every plan (`fresh`: its store is emptied);
-    cpu: the recorded sweep (width 16, 5,000 images), read, not retrained; anything else: the
-    chapter's settings (see `Ex1Plan`)."""
+    """smoke: a tiny sweep, trained afresh (`fresh`: its store is emptied); cpu: the recorded
+    sweep (width 16, 5,000 images), read, not retrained; else the chapter's settings."""
     runs = Path("runs") / f"ex1_{profile.name.replace(', ', '_').replace(' ', '_')}.jsonl"
     if profile.name == "smoke":
         if fresh:   # one file, replaced by each run: a temporary folder outlives a killed kernel
@@ -168,9 +152,8 @@ def bench_steps(p: Profile) -> int:
 
 def trim(page: str, profile: Profile, seconds, budget_s: float,
          gpus: int = 0) -> tuple[Profile, list[str]]:
-    """`profile`, cut until `seconds(page_jobs(...))` fits `budget_s`: one seed, then half the
-    training (and test) images down to `MIN_TRAIN`, then half the epochs down to 2. Returns the
-    profile and one phrase per cut."""
+    """`profile` and one phrase per cut, cut until `seconds(page_jobs(...))` fits `budget_s`:
+    one seed, then half the images down to `MIN_TRAIN`, then half the epochs down to 2."""
     p, cuts = profile, []
 
     def cost(q):
@@ -238,10 +221,9 @@ def span(low: float, high: float) -> str:
 
 def predict(page: str, profile: Profile, gpu_name: Optional[str] = None,
             gpus: int = 0, budget: Optional[float] = None) -> dict:
-    """The predicted run time of `page` under `profile`: on `gpu_name` (a CUDA device name) if
-    given, else on the recorded CPUs. Keys: `seconds` (a (low, high) pair; None where no
-    datasheet matches), `profile` (trimmed to `budget` seconds, default `budget_s()`, on a
-    GPU), `cuts`, `on`, `budget_s`."""
+    """The predicted run time of `page` under `profile` on `gpu_name` (a CUDA device name), else
+    on the recorded CPUs. Keys: `seconds` ((low, high); None: no datasheet), `profile` (on a
+    GPU trimmed to `budget` seconds, default `budget_s()`), `cuts`, `on`, `budget_s`."""
     budget = budget_s() if budget is None else budget
     pred = dict(seconds=None, profile=profile, cuts=[], on=gpu_name or "this CPU", budget_s=budget)
     spec = spec_for_name(gpu_name) if gpu_name else None
@@ -268,8 +250,8 @@ def expected_line(pred: dict) -> str:
 
 
 def setup_page(page: str) -> tuple[Profile, str]:
-    """For a notebook's setup cell: the book's figure style, the profile (trimmed to the budget
-    on a GPU), and the lines to print: the banner and the expected time."""
+    """For a notebook's setup cell: set the figure style; the profile (trimmed on a GPU) and
+    the lines to print (banner, expected time)."""
     book_style()
     profile = active_profile()
     try:                 # the same on every machine: a bad budget warns and keeps the default
@@ -291,9 +273,8 @@ def prediction_header(budget: Optional[float] = None) -> list[str]:
 
 
 def prediction_rows(pages: Sequence[str] = PAGES, budget: Optional[float] = None) -> list[tuple]:
-    """For the README: each page's predicted time on a Colab T4 under `full` (trimmed to
-    `budget` seconds, and as the profile has it) and on the recorded 2-core CPUs under `cpu`.
-    T4 times are ranges over the fitted overheads (no published run names a T4)."""
+    """For the README: each page's predicted time range on a Colab T4 under `full` (as written
+    and trimmed to `budget` seconds) and on the recorded 2-core CPUs under `cpu`."""
     full, cpu = get_profile("full"), get_profile("cpu")
     rows = []
     for page in pages:

@@ -1,8 +1,4 @@
-"""A live training plot for notebooks, redrawn as each epoch ends.
-
-Plots read results (`TrainResult`, records); nothing is ever read back out of a plot. They all
-use the book's style (`style.py`).
-"""
+"""A live training plot for notebooks, redrawn as each epoch ends, in the book's style."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,9 +1,7 @@
 """Run profiles: how much work a notebook or command does on the hardware at hand.
 
-`MGPU_PROFILE=smoke|cpu|full` picks one; otherwise `full` where CUDA exists and `cpu` elsewhere.
-A profile shrinks data, epochs and width, and sets the batch size and learning rate (`cpu`
-halves the chapter's batch). The code path stays the same.
-"""
+`MGPU_PROFILE=smoke|cpu|full` picks one, else `full` with CUDA and `cpu` without. A profile
+shrinks data, epochs and width, and sets batch size and lr; the code path stays the same."""
 from __future__ import annotations
 
 import os

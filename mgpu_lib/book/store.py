@@ -1,13 +1,8 @@
 """The results store: JSON Lines files, one record appended per run, and the statistics on them.
 
-Every experiment is one `.jsonl` file; each line is one record (a dict with the header of
-`mgpu_lib.lab.files.record_header`), and a store holds one kind of record (`record_kind`).
-Appending takes a file lock (`filelock`, on every platform), so two processes writing one store
-both keep their records; `read`, `append` and `Output` say what becomes of a torn line, a file
-that is no store, and a failed write (a full disk). The records this book shows ship inside the
-package (`mgpu_lib/recorded/`), so a notebook finds them in Colab as well as in a clone:
-`recorded(name)`. They are read, never written at run time.
-"""
+A store holds one kind of record (`record_kind`), one a line; appending takes a file lock, so
+two processes writing one store both keep their records. The records this book shows ship in
+the package (`recorded(name)`), so Colab finds them too; they are never written at run time."""
 from __future__ import annotations
 
 import contextlib
@@ -62,10 +57,9 @@ def record_kind(rec: dict) -> str:
 
 
 def check_writable(path, *, store: bool = False, kind: Optional[str] = None) -> Path:
-    """`path` as a Path (a symlink followed), after checking that a file can be created or
-    appended there: call it before any work, so a bad `--out` fails in a second, not after
-    training. An output may also be a character device or a FIFO; a store (`store=True`) must be
-    a regular file of records (of `kind`, if given: `record_kind`) or not exist yet."""
+    """`path` as a Path (a symlink followed), once a file can be created or appended there:
+    call it before any work. An output may also be a character device or a FIFO; a store
+    (`store=True`) must be a regular file of records (of `kind`, if given) or not exist yet."""
     if str(path) == "-":
         raise ResultsError("'-' (standard output) is not supported: name a file, or leave the "
                            "option out")
@@ -111,8 +105,8 @@ def _check_kind(records: Sequence[dict], kind: Optional[str], shown: str) -> Non
 
 
 def _keep(text: str, path: Path, error: OSError) -> ResultsError:
-    """Save `text` (a record that could not be written to `path`) in the temporary folder; the
-    error to raise says where it went, or holds the record itself if that failed too."""
+    """Save `text`, not written to `path`, in the temporary folder; the error to raise says
+    where, or holds the record itself if that failed too."""
     cause = f"cannot write {_shown(path)}: {error.strerror or error}"
     try:
         fd, kept = tempfile.mkstemp(prefix=f"mgpu-{path.name[:40]}.", suffix=".kept")
@@ -124,8 +118,7 @@ def _keep(text: str, path: Path, error: OSError) -> ResultsError:
 
 
 def _check_replaceable(path: Path, shown: str) -> None:
-    """Refuse to replace anything but an earlier run's result (one JSON document as `Output`
-    writes it, a `run_problem`-free run) or an empty file: a store, a notebook, notes."""
+    """Refuse to replace anything but an earlier run's result or an empty file."""
     what = "it is not a JSON document (a checkpoint? notes?)"
     if path.stat().st_size <= MAX_RESULT_BYTES:
         data = path.read_bytes()
@@ -173,9 +166,8 @@ def plural(n: int, word: str) -> str:
 
 class Output(contextlib.AbstractContextManager):
     """A run's output file (`--out`), checked before the run and written after it: a regular
-    file is replaced atomically (readers see the old or the new one), only if it is empty or an
-    earlier run's result (a notebook, a store, any other JSON is refused); a FIFO or a character device is opened now and written into, never replaced.
-    If writing fails (a full disk), the JSON is kept beside and ResultsError says where."""
+    file is replaced atomically, only if empty or an earlier run's result; a FIFO or character
+    device is opened now and written into. A failed write keeps the JSON and says where."""
 
     def __init__(self, path):
         shown = _shown(path)
@@ -285,10 +277,9 @@ def load_result(path) -> TrainResult:
 
 
 def append(path, record: dict) -> None:
-    """Append `record` as one line, under an exclusive lock; durable when this returns. A file
-    that is not a store, or holds another kind of record, is left untouched; a torn last line
-    is dropped; a failed write cuts the store back to its old length and keeps the record. A
-    fresh record gets this clone's git revision (`stamp`)."""
+    """Append `record` (`stamp`ed) as one line, under an exclusive lock; durable on return. A
+    file that is no store, or of another kind, is left untouched; a torn last line is dropped;
+    a failed write cuts the store back and keeps the record."""
     record = stamp(record)
     kind = record_kind(record)
     path = check_writable(path, store=True, kind=kind)
@@ -316,9 +307,8 @@ def append(path, record: dict) -> None:
 
 
 def _parse(data: bytes, path) -> tuple[list[dict], int]:
-    """The records in a store's bytes, and the length of its whole lines. A torn last line (no
-    newline, starting like a record) after a whole record is left out with a warning; with no
-    record before it, the file never was a store."""
+    """The records in a store's bytes, and the length of its whole lines; a torn last line
+    after a whole record is left out with a warning."""
     try:
         lines = data.decode().split("\n")
     except UnicodeDecodeError as e:
@@ -363,8 +353,7 @@ def read(path) -> list[dict]:
 
 
 def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean, sample standard deviation (n - 1) and standard error of the mean. The sample std
-    is the spread a new seed would show; with one value it is nan, with none the mean is too."""
+    """Mean, sample standard deviation (n - 1; nan for one value) and standard error."""
     values = [float(v) for v in values]
     mean = statistics.fmean(values) if values else math.nan
     std = statistics.stdev(values) if len(values) > 1 else math.nan
@@ -373,8 +362,7 @@ def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
 
 def summarize(records: Sequence, x: str) -> list[dict]:
     """One row per value of `x`, sorted: mean/std of final test accuracy and of seconds per
-    epoch over the seeds that finished (`ok` of `n`), plus how many diverged (failed runs are
-    neither). `records`: anything with `get(x)`, `status`, `final_test_acc`, `sec_per_epoch`."""
+    epoch over the finished seeds (`ok` of `n`), and how many diverged."""
     groups: dict = {}
     for r in records:
         groups.setdefault(r.get(x), []).append(r)

@@ -1,21 +1,13 @@
-"""One figure style for the whole book, set in one place.
-
-`book_style()` sets matplotlib's rcParams (and, in a notebook, retina output) once, from the
-setup cell of every page; the helpers keep every plot alike. The hardware and profile go into
-the caption (or the table beside it) once, never into a title. Retina PNGs carry their size in
-CSS px; _static/custom.css lets that width shrink to the column with the height following it,
-so a figure keeps its shape on a phone.
-"""
+"""One figure style for the whole book, set in one place: `book_style()` from every page's
+setup cell, and helpers that keep every plot alike. Hardware and profile go into the caption,
+never into a title."""
 from __future__ import annotations
 
 import textwrap
 from typing import Optional, Sequence
 
-# On a 400 px phone the article's column is 352 px wide (tools/check_layout.py), so a figure
-# WIDTH_IN inches wide at 100 dpi shrinks to 352 / (100 WIDTH_IN) of its size; text of
-# MIN_FONT_PT then renders at 9.5 pt x 100/72 px/pt x 0.704 = 9.3 px, about the smallest a
-# reader can read. No figure is wider and no text smaller (tests/test_notebooks.py checks the
-# pages and the library for both).
+# On a 400 px phone's 352 px column a 5-inch, 100 dpi figure shrinks to 0.704, so MIN_FONT_PT
+# renders at 9.3 px, about the smallest a reader can read (tests/test_notebooks.py checks both).
 WIDTH_IN, MIN_FONT_PT = 5.0, 9.5
 RC = {
     "figure.figsize": (WIDTH_IN, 3.1), "figure.dpi": 100, "savefig.bbox": "tight",

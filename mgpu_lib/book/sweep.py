@@ -3,17 +3,14 @@
     python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store runs/lr.jsonl --profile cpu
     plan: 9 points (lr 3 x seeds 3); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
 
-`sweep` trains the cartesian product of `vary` x `seeds`, appending each point's record to the
-store under a file lock, so two sweeps may share a store, a crash or Ctrl-C loses at most the
-point in flight, and a rerun skips every point stored (the key is the full config, seed included,
-plus any sweep option like warmup) or found in a read-only `recorded` store. A failed point (a
-DDP rank died) is stored as "failed" and the sweep goes on; a rerun tries it again.
+`sweep` trains `vary` x `seeds`, appending each point's record to the store under a file lock:
+two sweeps may share a store, a crash loses at most the point in flight, and a rerun skips every
+point stored (keyed by the full config and options) or in a read-only `recorded` store. A failed
+point (a DDP rank died) is stored as "failed"; a rerun tries it again.
 
-Epoch sweeps are cheap here: `train` has no lr schedule, and the data shuffle and the weights
-depend only on the seed, so the first k epochs of a longer run *are* a k-epoch run. A point whose
-config differs from a stored (or just-trained) record only by a smaller `num_epochs` is derived
-from that record by truncation instead of being trained again (its record says `derived_from`).
-"""
+`train` has no lr schedule and the shuffle and weights depend only on the seed, so the first k
+epochs of a longer run *are* a k-epoch run: such a point is derived by truncation, not trained
+(its record says `derived_from`)."""
 from __future__ import annotations
 
 import itertools
@@ -52,8 +49,7 @@ MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no predict
 
 def point_key(config, options: Optional[dict] = None) -> str:
     """A stable string for a point (a TrainConfig or its dict): the config fields that differ
-    from TrainConfig's defaults, plus non-zero options. Fields added to TrainConfig later (with
-    defaults) therefore leave the keys of stored records unchanged."""
+    from TrainConfig's defaults (so a field added later keeps stored keys), non-zero options."""
     d = config.to_dict() if isinstance(config, TrainConfig) else config
     defaults = TrainConfig().to_dict()
     ignored = SWITCH_FIELDS[1:] if d.get("fast") is False else ()   # the chapter's loop
@@ -91,9 +87,8 @@ def unique(values: Sequence) -> tuple[list, list]:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]: the seeds of the CLI's --seeds and of the tools. A ValueError
-    for a bad seed, a range that runs backwards, or more seeds than a sweep holds (`MAX_POINTS`),
-    counted before the list is built."""
+    """'0-3,7' -> [0, 1, 2, 3, 7]; a ValueError for a bad seed, a range that runs backwards, or
+    more seeds than a sweep holds (`MAX_POINTS`, counted before the list is built)."""
     ranges = []
     for part in text.split(","):
         lo, dash, hi = part.strip().partition("-")
@@ -181,8 +176,7 @@ def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[Tr
 
 
 def check_point(config: TrainConfig, options: dict) -> None:
-    """A ValueError or DeviceError, naming the point, if it cannot train here: more GPUs than
-    exist, DDP processes that do not split the batch, warmup with DDP."""
+    """A ValueError or DeviceError, naming the point, if it cannot train here."""
     nprocs = options.get("nprocs", 0)
     try:
         if nprocs and options.get("warmup_epochs"):
@@ -211,9 +205,8 @@ def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]
 
 def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
                     ) -> Optional[tuple[float, float, str]]:
-    """(low, high, on what) by `pages.predict_jobs`, on this machine's first GPU, else the
-    recorded CPUs; an upper bound (stored points are skipped). None without a datasheet or
-    record, or with too many run shapes."""
+    """(low, high, on what) by `pages.predict_jobs` on this machine's first GPU, else the
+    recorded CPUs; an upper bound. None without a datasheet or record, or too many shapes."""
     if math.prod(len(vary.get(k, [0])) for k in SHAPE) > MAX_PREDICTED_JOBS:
         return None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -236,9 +229,8 @@ def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
 # ---- the sweep -------------------------------------------------------------------------------
 
 def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int = 0) -> TrainResult:
-    """`train` without output; with warmup, the same loop with a linear lr warmup; with
-    `nprocs`, DDP over that many processes (gloo on a CPU, nccl on GPUs). A DDP job that fails
-    is a result with status "failed" and the error in `extra`."""
+    """`train` without output, with a linear lr warmup, or DDP over `nprocs` processes (a job
+    that fails is a result with status "failed" and the error in `extra`)."""
     if nprocs and warmup_epochs:    # `check_point` refuses it before a sweep trains anything
         raise ValueError("warmup with DDP processes is not implemented; vary one of them")
     if nprocs:
@@ -256,10 +248,9 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
           log: Optional[Callable[[str], None]] = None) -> list[TrainResult]:
     """Train every point of `vary` x `seeds` not yet stored; return the points' records.
 
-    `vary` maps TrainConfig fields, `warmup_epochs` or `nprocs` to values; `store` is checked,
-    created and written only if a point is new; `recorded` is only read. `train_fn(config,
-    **options)` trains a point (default `default_train`); `log` gets a line per point (`print`).
-    """
+    `vary` maps TrainConfig fields, `warmup_epochs` or `nprocs` to values; `store` is written
+    only if a point is new; `recorded` is only read. `train_fn(config, **options)` trains a
+    point (default `default_train`); `log` gets a line per point."""
     points = expand(base, vary, seeds)
     records = [r for r in (load_store(recorded) if recorded else []) + load_store(store)
                if r.status != "failed"]
@@ -323,14 +314,13 @@ def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
 
 
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
-    """The lr of optimizer step `step` (from 0), warmed up linearly: (step + 1) / warmup_steps
-    of `lr` before `warmup_steps`, then all of it."""
+    """The lr of optimizer step `step` (from 0): (step + 1) / warmup_steps of `lr`, then `lr`."""
     return lr * (1.0 if warmup_steps <= 0 or step >= warmup_steps else (step + 1) / warmup_steps)
 
 
 def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
-    """Plain SGD whose lr follows `warmup_lr`: torch's `LambdaLR`, advanced after every step
-    the optimizer takes (a step hook, so the epoch loop needs no scheduler call)."""
+    """Plain SGD whose lr follows `warmup_lr`: a `LambdaLR` advanced by a step hook, so the
+    epoch loop needs no scheduler call."""
     optimizer = torch.optim.SGD(params, lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_lr(step, 1.0, warmup_steps))

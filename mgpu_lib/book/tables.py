@@ -1,8 +1,5 @@
 """Small result tables that render as Markdown in notebooks and the book, and as text elsewhere.
-
-The caption follows the table in italics; the book's `numbered_tables` extension (`_ext/`) turns
-it into a numbered caption, "Table 3.1".
-"""
+The caption follows in italics (`_ext/`'s `numbered_tables` numbers it, "Table 3.1")."""
 from __future__ import annotations
 
 import math

@@ -1,28 +1,15 @@
 """What the prose may say: the book's one verdict rule, and `glue` to put it on the page.
 
-Is A ahead of B, B ahead of A, or can the seeds not tell?
-
-    v = paired({0: 0.83, 1: 0.81, 2: 0.85}, {0: 0.79, 1: 0.80, 2: 0.78},
-               names=("batch 256", "batch 512"), scale=100, unit="points")
-    str(v)   # "cannot be told apart: batch 256 minus batch 512 = +4.00 ± 1.73 points (3 seeds,
-             #  paired); the smallest gap these seeds could call is 7.45 points"
-
-The rule: take A minus B seed by seed (paired) only where the two sides' runs of the same
-seed are correlated, so that the shared seed removes noise (`compare` tests it: training is
-chaotic, and the book's own paired runs correlate at about 0); else the difference of the two
-means with Welch's standard error (unpaired). A side is ahead only when the mean difference is
-further from zero than Student's t at n - 1 degrees of freedom (Welch-Satterthwaite's when
-unpaired), two-sided 95%, times its standard error; so, with no real difference, the rule names
-a winner 1 time in 20 whatever the number of seeds (the old "2 standard errors" cut named one
-1 time in 5 with 3 seeds and 1 in 3 with 2: `false_call_rate`). A winner's margin is printed
-positive; an undecided result names the smallest observed difference its seeds would have
-called (t times the standard error) and how often a true gap that size is called (`power`,
-about half the time), never "no effect". One seed has no standard error, so it never decides
-anything. Several verdicts on the same seeds are held together by `holm`. Every verdict on a
-page is this module's output, glued into the prose, never typed:
-
-    glue("warmup_verdict", v)   # then {glue:text}`warmup_verdict` in a markdown cell
-"""
+Is A ahead of B, B ahead of A, or can the seeds not tell? Take A minus B seed by seed (paired)
+only where the two sides' runs of a seed are correlated (`compare` tests it: training is
+chaotic, and the book's paired runs correlate at about 0); else the difference of the means
+with Welch's standard error. A side is ahead only when the mean difference passes Student's t
+(two-sided 95%) times its standard error, so with no real difference a winner is named 1 time
+in 20 whatever the number of seeds (`false_call_rate`). An undecided result names the smallest
+gap its seeds could call and how often a true gap that size is called (`power`, about half),
+never "no effect"; one seed decides nothing; `holm` holds several verdicts together. Every
+verdict on a page is glued into the prose, never typed: `glue("warmup_verdict", v)`, then
+{glue:text}`warmup_verdict` in a markdown cell."""
 from __future__ import annotations
 
 import functools
@@ -57,9 +44,8 @@ def false_call_rate(n: int, cut: float) -> float:
 
 @functools.lru_cache(maxsize=256)
 def power(dof: float, level: float = LEVEL) -> float:
-    """How often the rule calls a true gap as large as its own threshold: a gap of t x the
-    true standard error, with `dof` degrees of freedom. About half: 0.68 at 1, 0.61 at 2
-    (3 seeds), 0.56 at 4, towards 0.50 with many. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
+    """How often the rule calls a true gap of t x the true standard error, with `dof` degrees
+    of freedom: 0.68 at 1, 0.61 at 2, towards 0.50. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
     if not dof > 0:
         return math.nan
     t = t_critical(dof, level)
@@ -71,8 +57,7 @@ def power(dof: float, level: float = LEVEL) -> float:
 
 
 def correlation(a: Mapping, b: Mapping) -> float:
-    """Pearson's r of the two sides' values over the seeds both hold (nan below 3 seeds, or
-    where a side does not vary)."""
+    """Pearson's r over the seeds both hold (nan below 3 seeds, or where a side is constant)."""
     seeds = sorted(set(a) & set(b))
     x, y = _finite(a[s] for s in seeds), _finite(b[s] for s in seeds)
     if len(seeds) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
@@ -81,9 +66,8 @@ def correlation(a: Mapping, b: Mapping) -> float:
 
 
 def pairing_pays(r: float, n: int) -> bool:
-    """Pair by seed only where the runs of a seed are correlated: r above zero at one-sided
-    95% (Pearson's test over the `n` shared seeds). Uncorrelated pairs only lose degrees of
-    freedom (n - 1 against Welch's up to 2n - 2)."""
+    """Pair by seed only where r is above zero at one-sided 95% over the `n` shared seeds:
+    uncorrelated pairs only lose degrees of freedom (n - 1 against Welch's up to 2n - 2)."""
     if n < 3 or math.isnan(r) or r <= 0:
         return False
     if r >= 1:
@@ -197,7 +181,8 @@ def _finite(values: Iterable[float]) -> list[float]:
 
 
 def _no_finished_seed(a, b, names) -> Verdict | None:
-    """The verdict when a side has no finished seed (every run diverged or failed), else None."""
+    """After `_check`ing the names: the verdict when a side has no finished seed, else None."""
+    _check(0.0, 0.0, names)
     missing = [name for name, side in zip(names, (a, b)) if not len(side)]
     if not missing:
         return None
@@ -211,7 +196,6 @@ def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
 
     `scale` multiplies the differences (100 turns accuracies into points); set
     `lower_is_better` for times, so that the faster side is the one ahead."""
-    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     seeds = sorted(set(a) & set(b))
@@ -229,7 +213,6 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     """A against B as independent runs: the difference of the means, with Welch's standard
     error sqrt(sa²/na + sb²/nb) and Welch-Satterthwaite's degrees of freedom. `n` is the
     smaller side's number of seeds; `r`, where the sides share seeds, their correlation."""
-    _check(0.0, 0.0, names)
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
     a, b = _finite(scale * v for v in a), _finite(scale * v for v in b)
@@ -249,9 +232,8 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
 
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
             **kwargs) -> Verdict:
-    """The book's verdict on two settings over seeds ({seed: value} each): paired by seed
-    where the runs of a seed are correlated (`pairing_pays`), Welch's unpaired test otherwise,
-    with the measured correlation kept on the verdict (`Verdict.r`)."""
+    """The book's verdict on two settings over seeds ({seed: value} each): paired where
+    `pairing_pays`, else Welch's unpaired test, with the correlation kept (`Verdict.r`)."""
     r = correlation(a, b)
     if pairing_pays(r, len(set(a) & set(b))):
         return paired(a, b, names, **kwargs)
@@ -259,11 +241,8 @@ def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"),
 
 
 def holm(verdicts: Sequence[Verdict], level: float = LEVEL) -> list[Verdict]:
-    """Several verdicts on the same seeds, held together: Holm's step-down keeps the chance
-    of any false winner among them at 1 - `level`. The smallest p-value must pass
-    (1 - level) / m, the next (1 - level) / (m - 1), and so on; the first that fails leaves it
-    and every larger one undecided. Each verdict comes back (in the order given) with the
-    level it was held to, so that its threshold and its power say what it could call."""
+    """Several verdicts on the same seeds, held together by Holm's step-down (the chance of any
+    false winner stays 1 - `level`); each comes back, in order, with the level it was held to."""
     m, alpha = len(verdicts), 1 - level
     order = sorted(range(m), key=lambda i: (math.isnan(verdicts[i].p), verdicts[i].p))
     out: list = [None] * m

@@ -1,7 +1,6 @@
 """The step-time model held against measurements: a calibration on the hardware at hand, and
-the published runs of 12.6 (`published`). From the PyTorch runs that name their GPU, `fit` takes
-only what no datasheet gives, per GPU class; the spread of the fits is each prediction's band.
-"""
+the published runs of 12.6. From the PyTorch runs that name their GPU, `fit` takes only what no
+datasheet gives, per GPU class; the spread of the fits is each prediction's band."""
 from __future__ import annotations
 
 import functools
@@ -34,10 +33,9 @@ class Calibration:
 
 
 def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
-    """Fit (per-device batch, step seconds) pairs with a line; the intercept is the per-step
-    overhead, the slope the seconds per image. Where the line cannot be trusted (one batch size,
-    a negative intercept, or noise making time fall with batch), fall back to a line through the
-    origin: all cost per image, which is always positive for positive measurements."""
+    """Fit (per-device batch, step seconds) pairs with a line: intercept the per-step overhead,
+    slope the seconds per image. Where it cannot be trusted (one batch size, a negative
+    intercept, time falling with batch), a line through the origin instead."""
     pts = [(float(b), float(t)) for b, t in measurements]
     if not pts or any(b <= 0 or t <= 0 for b, t in pts):
         raise ValueError("calibrate needs positive (batch, seconds) measurements")
@@ -66,8 +64,7 @@ def half_speed_batch(rows: Sequence[dict]) -> Optional[float]:
 
 
 def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
-    """For each measurement: calibrate on the others, predict it, report the relative error.
-    An honest check: no point is predicted by a fit that has seen it."""
+    """For each measurement: calibrate on the others, predict it, report the relative error."""
     rows = []
     for i, (b, t) in enumerate(measurements):
         pred = calibrate([m for j, m in enumerate(measurements) if j != i]).step_time(b)
@@ -77,10 +74,10 @@ def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
 
 def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
              cores: int = 1) -> DeviceSpec:
-    """A DeviceSpec for a CPU from its calibrated rate (split across `cores` worker processes):
-    its 'peak' is what it achieved, so use it with efficiency=1."""
+    """A DeviceSpec for a CPU from its calibrated rate split across `cores` worker processes:
+    its 'peak' is what it achieved (use efficiency=1)."""
     tflops = cal.achieved_tflops(workload) / cores
-    return DeviceSpec(name, tflops, None, None, 20.0, 0.0, "measured here (calibrate)")
+    return DeviceSpec(name, tflops, None, None, 20.0, "measured here (calibrate)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,19 +133,13 @@ def line_efficiency(one: PublishedRun, base: Overheads = Overheads()) -> float:
     return _implied(one, base, "efficiency", 0.01, 3.0)
 
 
-def _tf32(name: str) -> bool:
-    """Whether the GPU of a datasheet name runs the chapter's convolutions in TF32."""
-    spec = DEVICES.get(name)
-    return bool(spec and spec.tf32_tflops)
-
-
 def _lenders(bands: dict, spec: Optional[DeviceSpec], by_peak: bool) -> dict:
     """The fitted GPUs a GPU no run names borrows from: with `by_peak`, a TF32 GPU only from
-    TF32-fitted ones (an FP32 core's efficiency says nothing of a tensor core's), where any
-    is fitted; otherwise, and for a GPU without TF32, every fitted GPU (the widest band)."""
+    TF32-fitted ones where any is (an FP32 core's efficiency says nothing of a tensor core's);
+    otherwise every fitted GPU (the widest band)."""
     if by_peak and spec is not None and spec.tf32_tflops:
-        same = {k: v for k, v in bands.items() if _tf32(k)}
-        return same or bands
+        return {k: v for k, v in bands.items()
+                if getattr(DEVICES.get(k), "tf32_tflops", None)} or bands
     return bands
 
 
@@ -208,10 +199,8 @@ class Fit:
 
 
 def fit(rows: Optional[Sequence[PublishedRun]] = None, base: Overheads = Overheads()) -> Fit:
-    """Per GPU class: the efficiency vs counted FLOPs of its 1-GPU lines, then DataParallel's
-    Python per device of its 2-GPU lines, each at the efficiency its own 1-GPU line implies.
-    Each class gets its own band: a class that needs thread_s clamped at 0 (the RTX 4090
-    rows, behind a staged link) does not pull another class's down."""
+    """Per GPU class, its own band: the efficiency of its 1-GPU lines, then DataParallel's
+    Python per device of its 2-GPU lines, each at the efficiency its own 1-GPU line implies."""
     known = _known(rows)
     run_eff = {r.run: line_efficiency(r, base) for r in known if r.n_gpus == 1}
     effs: dict = {}
@@ -236,8 +225,7 @@ def published_fit() -> Fit:
 
 def held_out(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
     """Leave one out: each published line with a named GPU, predicted at the mean of a fit of
-    all the others (its own 1-GPU partner included: the fit sees the GPU, never the figure);
-    a 2-GPU line at the efficiency its own 1-GPU line implies, where the fit has that line."""
+    all the others; a 2-GPU line at the efficiency its own 1-GPU line implies, where it can."""
     known = _known(rows)
     out = []
     for r in known:
@@ -278,8 +266,7 @@ def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[Published
 def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
                  ) -> list[dict]:
     """The model-free baseline beside `conditioned_errors`: each build's 2-GPU line predicted
-    as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line. Where
-    this does as well as the model, the data identify one ratio, not the model's parts."""
+    as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line."""
     known = [p for p in pairs(_known(rows)) if spec_for_name(p[0].gpu).name == gpu]
     out = []
     for one, two in known:
@@ -293,10 +280,8 @@ def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] 
 
 
 def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
-    """Leave one source out: every line of a repository predicted by a fit of the other
-    repositories alone; a 1-GPU line at the fit's middle (a GPU the others never ran is lent
-    every fitted GPU's range), a 2-GPU line from its own 1-GPU line (`_conditioned`). Each
-    row says whether the published figure lies inside the band."""
+    """Leave one source out: each line of a repository predicted by a fit of the others (a
+    2-GPU line from its own 1-GPU line), and whether the published figure is inside the band."""
     known = _known(rows)
     out = []
     for repo in dict.fromkeys(r.repo for r in known):
@@ -313,9 +298,8 @@ def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict
 
 
 def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
-    """Each published 1 -> 2 GPU comparison with a named GPU, as a reader meets it: given the
-    1-GPU line, is 2 GPUs faster? Published speedup t1 / t2 against t1 / the held-out
-    prediction of t2 (> 1: two GPUs faster), and whether the two agree in direction."""
+    """Each published 1 -> 2 GPU comparison with a named GPU: the published speedup t1 / t2,
+    t1 over the held-out prediction of t2, and whether they agree (both > 1 or both not)."""
     known = _known(rows)
     pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(known)}
     out = []
@@ -348,11 +332,10 @@ def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fi
 
 def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
             spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
-    """Which of two predictions (seconds) of the same fit is smaller, paired: both are
-    evaluated at the same corners of the fit (and its middle), and "A faster" only where A is
-    smaller at every one, "B faster" the other way round; where the corners disagree,
-    `UNDECIDED`. (Two bands of one fit move together: held side by side as if independent,
-    they overlap where one setup wins at every corner.)"""
+    """Which of two predictions (seconds) of the same fit is smaller, paired: "A faster" only
+    where A is smaller at every corner of the fit (and its middle), "B faster" the other way
+    round, else `UNDECIDED`. (Two bands of one fit move together: they may overlap where one
+    setup wins at every corner.)"""
     if len(names) != 2 or names[0] == names[1]:
         raise ValueError(f"compare needs two different names, got {tuple(names)!r}")
     f = f or published_fit()
@@ -366,8 +349,8 @@ def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,
                link: Optional[LinkSpec] = None, strategy: str = "dp",
                num_images: int = 60000) -> Callable[[Overheads], float]:
-    """`overheads -> seconds per epoch` of one setup, the form `band` and `compare` take; the
-    link defaults to the GPU's own (`scaling.pair_link`)."""
+    """`overheads -> seconds per epoch` of one setup, for `band` and `compare`; the link
+    defaults to `scaling.pair_link`."""
     link = link or pair_link(spec)
     return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
                                         strategy, overheads=o)

@@ -1,12 +1,10 @@
 """Published timings of this section's setup (or a close one), each with a source a reader can
-open. These are the only multi-GPU measurements this book has: no GPU is lent to it.
+open: the book's only multi-GPU measurements.
 
-d2l's own builds of 12.6 are one file, `recorded/d2l_builds.csv` (`builds`): every PyTorch and
-MXNet build found in d2l's build repositories, each checked against its executed notebook at
-its commit, the GPU from the `nvidia-smi` table (or GPU list) the same commit printed; the
-few other sources are `OTHERS`. Every row of `runs` is one printed line of a run (`test acc: A,
-S sec/epoch on [devices]`); a field the source does not state is None, never a guess.
-"""
+d2l's builds of 12.6 are `recorded/d2l_builds.csv` (`builds`): every PyTorch and MXNet build in
+d2l's build repositories, checked against its executed notebook at its commit, the GPU from the
+`nvidia-smi` output that commit printed; the other sources are `OTHERS`. Each row of `runs` is
+one printed line of a run; a field the source does not state is None, never a guess."""
 from __future__ import annotations
 
 import csv
@@ -125,9 +123,8 @@ def _checked(column: str, text: str, kind: str):
 
 
 def _recorded(name: str, kinds: dict[str, str], text: Optional[str] = None) -> list[dict]:
-    """The typed rows of a CSV file of `mgpu_lib/recorded` (`text`: its content instead), checked:
-    its header is `kinds`' columns exactly (no byte-order mark), each row has one cell a column,
-    and each cell passes `_checked`. Anything else is a ValueError naming the file and row."""
+    """The typed rows of a CSV file of `mgpu_lib/recorded` (`text`: its content instead): its
+    header `kinds`' columns, one cell a column, each `_checked`; else a ValueError (the row)."""
     if text is None:
         text = resources.files("mgpu_lib").joinpath("recorded", name).read_text(encoding="utf-8")
     rows = list(csv.reader(io.StringIO(text)))
@@ -236,9 +233,3 @@ def pair(run: str) -> tuple[PublishedRun, PublishedRun]:
     if not found:
         raise KeyError(f"no published run {run!r}; e.g. {[p[0].run for p in pairs()][:3]}")
     return found[0]
-
-
-def speedup(run: str) -> float:
-    """Seconds per epoch on 1 GPU over seconds on 2, as published (> 1: 2 GPUs faster)."""
-    one, two = pair(run)
-    return one.sec_per_epoch / two.sec_per_epoch

@@ -1,8 +1,6 @@
-"""How long training takes: the one run-time predictor, used by the pages' setup cells and by
-`tools/gpu_check.py`. On a GPU, the datasheet model at the overheads `evidence` fits to the
-published runs; on a CPU, the fast loop's rate recorded on 2-core machines, scaled to the width
-by FLOPs. Evaluating an image costs a third of training one (forward only).
-"""
+"""How long training takes, for the pages' setup cells and `tools/gpu_check.py`: on a GPU, the
+datasheet model at `evidence`'s fitted overheads; on a CPU, the recorded 2-core rate, scaled to
+the width by FLOPs. Evaluating an image costs a third of training one (forward only)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,9 +35,8 @@ class Job:
 
 def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int = 1,
                  overheads: Optional[Overheads] = None) -> float:
-    """One DataParallel training step of `batch` images on `devices` GPUs of `spec`, over the
-    link two of them have (`scaling.pair_link`), at `overheads` (default: the middle of the
-    published runs' fit). `workload(width)` is computed, never built: any width is cheap."""
+    """One DataParallel training step of `batch` images on `devices` GPUs of `spec`, over
+    `scaling.pair_link`, at `overheads` (default: the middle of the published runs' fit)."""
     o = overheads or published_fit().overheads(spec)
     return predict_step_time(devices, batch, spec, pair_link(spec), "dp",
                              workload=workload(width), overheads=o).total
@@ -47,9 +44,8 @@ def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int =
 
 @dataclass
 class StepModel:
-    """Seconds per training step on one device, as a check goes on: `step_seconds` for the
-    datasheet `spec` at first, rescaled to a measured step (`rescale`), then replaced by a
-    measured line once there is one (`cal`, an `evidence.Calibration`)."""
+    """Seconds per training step on one device: `step_seconds` for `spec`, rescaled to a
+    measured step (`rescale`), then replaced by a measured line (`cal`) once there is one."""
     spec: DeviceSpec
     width: int
     scale: float = 1.0
@@ -86,7 +82,7 @@ def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None
 
 def cpu_rates(records) -> dict[str, dict[int, float]]:
     """Achieved training FLOP/s of each 2-core CPU's fast loop in fp32, by width, from its
-    `bench` records (the book's are `bench_cpu.jsonl`, read by `book.pages.recorded_cpu_rates`)."""
+    `bench` records (`bench_cpu.jsonl`: `book.pages.recorded_cpu_rates`)."""
     rates: dict[str, dict[int, float]] = {}
     for r in records:
         fast = r["modes"]["fast"]
@@ -101,8 +97,7 @@ RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a
 
 
 def recorded_cpus(rates: dict) -> str:
-    """What a CPU prediction from `cpu_rates` is for, in words (short: it ends a printed
-    line that must fit the book's column)."""
+    """What a CPU prediction from `cpu_rates` is for, in words short enough to end a line."""
     return f"a 2-core CPU like the {len(rates)} recorded {'one' if len(rates) == 1 else 'ones'}"
 
 

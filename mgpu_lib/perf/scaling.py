@@ -1,10 +1,7 @@
 """How long a training step takes on N devices, DataParallel vs DDP: a model made of numbers.
 
-A step is compute (images x FLOPs per image / achieved FLOP/s), communication (what the
-strategy moves over the link) and overhead (launching kernels, Python threads, the optimizer's
-memory traffic), each a pure function of numbers: no torch, no model, no GPU. `evidence` fits
-what the datasheets cannot give (the efficiency vs counted FLOPs, DataParallel's Python).
-"""
+A step is compute, communication and overhead, each a pure function of numbers (no torch, no
+GPU); `evidence` fits what the datasheets cannot give (efficiency, DataParallel's Python)."""
 from __future__ import annotations
 
 import math
@@ -21,9 +18,7 @@ class DeviceSpec:
     tensor_tflops: Optional[float]   # dense tensor peak in `tensor_dtype`; None: no tensor cores
     tensor_dtype: Optional[str]      # "bf16", or "fp16" where the chip has no bf16
     mem_gbs: float                   # memory bandwidth, GB/s
-    memory_gb: float
     source: str
-    released: Optional[int] = None   # the year the vendor announced it (the datasheet's date)
     tf32_tflops: Optional[float] = None   # dense TF32 tensor peak; None: no TF32 (before Ampere)
     link: str = "PCIe gen3 x16"      # between two of them where nothing else is known
     pcie: str = "PCIe gen3 x16"      # the PCIe generation the card speaks
@@ -49,8 +44,7 @@ class LinkSpec:
 
 
 def _positive(name: str, **figures) -> None:
-    """A datasheet figure (TFLOP/s, GB/s) that is zero, negative or not finite would divide
-    by zero or predict nonsense later: refuse it where it enters. None: not on the sheet."""
+    """Refuse a datasheet figure that is zero, negative or not finite; None: not on the sheet."""
     for key, value in figures.items():
         if value is None and key in ("tensor_tflops", "tf32_tflops"):
             continue
@@ -67,34 +61,33 @@ NVLINK_SOURCE = ("NVIDIA DGX-1 with Tesla V100 System Architecture whitepaper (W
                  "per link and direction (A100 and H100 datasheets)")
 
 DEVICES: dict[str, DeviceSpec] = {s.name: s for s in [
-    DeviceSpec("K80 (one GK210 die)", 4.37, None, None, 240.0, 12.0,
+    DeviceSpec("K80 (one GK210 die)", 4.37, None, None, 240.0,
                "NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s FP32 (GPU Boost), 480 GB/s, 24 GB per "
-               "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16", 2014),
-    DeviceSpec("T4", 8.1, 65.0, "fp16", 320.0, 16.0,
+               "board of two GK210 dies; halved per die. Kepler has no tensor cores and no bf16"),
+    DeviceSpec("T4", 8.1, 65.0, "fp16", 320.0,
                "NVIDIA T4 Tensor Core GPU datasheet: 8.1 TFLOP/s FP32, 65 TFLOP/s FP16 mixed "
-               "precision, 320 GB/s, PCIe gen3 x16. Turing has no bf16 and no TF32", 2018),
-    DeviceSpec("V100 SXM2", 15.7, 125.0, "fp16", 900.0, 32.0,
+               "precision, 320 GB/s, PCIe gen3 x16. Turing has no bf16 and no TF32"),
+    DeviceSpec("V100 SXM2", 15.7, 125.0, "fp16", 900.0,
                "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s tensor "
-               "(FP16), 900 GB/s HBM2. Volta has no bf16 and no TF32", 2017,
+               "(FP16), 900 GB/s HBM2. Volta has no bf16 and no TF32",
                link="NVLink 2, 1 link (V100 pair)"),
-    DeviceSpec("A100 SXM4 80GB", 19.5, 312.0, "bf16", 2039.0, 80.0,
+    DeviceSpec("A100 SXM4 80GB", 19.5, 312.0, "bf16", 2039.0,
                "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 19.5 TFLOP/s FP32, "
                "156 TFLOP/s TF32 tensor (312 with sparsity), 312 TFLOP/s BF16 tensor (dense), "
-               "2,039 GB/s HBM2e, PCIe gen4", 2020, tf32_tflops=156.0,
+               "2,039 GB/s HBM2e, PCIe gen4", tf32_tflops=156.0,
                link="NVLink 3 (A100, NVSwitch)", pcie="PCIe gen4 x16"),
     # Hopper: the H200 is an H100 with more and faster memory (the two datasheets).
-    *(DeviceSpec(f"{chip} {form}", 67.0, 989.0, "bf16", gbs, gb,
+    *(DeviceSpec(f"{chip} {form}", 67.0, 989.0, "bf16", gbs,
                  f"NVIDIA {chip} Tensor Core GPU datasheet ({form}): 67 TFLOP/s FP32, 989 "
                  "TFLOP/s TF32 tensor with sparsity (494.5 dense), 1,979 TFLOP/s BF16 tensor "
-                 f"with sparsity (989 dense), {memory}, PCIe gen5", year, tf32_tflops=494.5,
+                 f"with sparsity (989 dense), {memory}, PCIe gen5", tf32_tflops=494.5,
                  link="NVLink 4 (H100/H200, NVSwitch)", pcie="PCIe gen5 x16")
-      for chip, form, gbs, gb, memory, year in (
-          ("H100", "SXM5", 3350.0, 80.0, "3.35 TB/s HBM3", 2022),
-          ("H200", "SXM", 4800.0, 141.0, "4.8 TB/s HBM3e", 2023))),
-    DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0, 24.0,
+      for chip, form, gbs, memory in (("H100", "SXM5", 3350.0, "3.35 TB/s HBM3"),
+                                      ("H200", "SXM", 4800.0, "4.8 TB/s HBM3e"))),
+    DeviceSpec("RTX 4090", 82.6, 165.2, "bf16", 1008.0,
                "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): 82.6 TFLOP/s "
                "FP32, 82.6 TFLOP/s TF32 tensor (165.2 with sparsity), 165.2 TFLOP/s BF16 "
-               "tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X, PCIe gen4", 2022,
+               "tensor (dense, FP32 accumulate), 1,008 GB/s GDDR6X, PCIe gen4",
                tf32_tflops=82.6, link=NO_P2P, pcie="PCIe gen4 x16"),
 ]}
 
@@ -106,10 +99,8 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
              "PCI Express 4.0 specification: 16 GT/s x 16 lanes = 31.5 GB/s per direction (~32)"),
     LinkSpec("PCIe gen5 x16", 64.0, 5e-6,
              "PCI Express 5.0 specification: 32 GT/s x 16 lanes = 63 GB/s per direction (~64)"),
-    # A p3 instance or DGX-1 wires its V100s as a hybrid cube-mesh: each pair that is linked
-    # shares 1 or 2 of a GPU's 6 NVLinks, never all of them. `nvidia-smi topo -m` on such a
-    # machine shows GPU0-GPU1 as NV1 (one link). d2l's builds do not print which 2 of the
-    # machine's V100s a notebook saw: one link is an assumption (GPUs 0 and 1), 2 the other case.
+    # A DGX-1's V100s are a hybrid cube-mesh: a linked pair shares 1 or 2 of a GPU's 6 NVLinks.
+    # d2l's builds do not print which 2 V100s a notebook saw: one link (GPUs 0 and 1) is assumed.
     LinkSpec("NVLink 2, 1 link (V100 pair)", NVLINK_GBS, 2e-6,
              NVLINK_SOURCE + "; hybrid cube-mesh: GPU0-GPU1 share one link (nvidia-smi topo -m "
              "on an 8-V100 SXM2 server: NV1), assumed for d2l's builds"),
@@ -122,9 +113,8 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
     LinkSpec("NVLink 4 (H100/H200, NVSwitch)", 450.0, 2e-6,
              "NVIDIA H100/H200 datasheets: NVLink 900 GB/s total, i.e. 450 GB/s per direction, "
              "to any GPU through NVSwitch (DGX H100: nvidia-smi topo -m shows NV18)"),
-    # GeForce RTX 40 cards have peer-to-peer disabled: every GPU-to-GPU byte is staged through
-    # host memory, and NCCL's collectives (DataParallel's broadcast and reduce use them) reach
-    # far less than the wire there.
+    # GeForce RTX 40 cards have P2P disabled: every GPU-to-GPU byte is staged through host
+    # memory, where NCCL's collectives reach far less than the wire.
     LinkSpec(NO_P2P, 2.0, 20e-6,
              "d2l-neu's build machine, 4x RTX 4090 without P2P (github.com/smolix/d2l-neu, "
              "chapter_computational-performance/hardware.md): a large GPU-to-GPU copy ~20 GB/s, "
@@ -133,12 +123,9 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in [
 
 
 def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None, topo: Optional[str] = None) -> LinkSpec:
-    """The link between two GPUs of `spec`: the one choice every predictor makes.
-
-    `p2p` False (`torch.cuda.can_device_access_peer`) stages every copy through host memory;
-    a `topo` code from `nvidia-smi topo -m` says the rest: NV# is # NVLinks, any other code a
-    PCIe path at the card's generation. Without either, the machines' own link (`spec.link`).
-    """
+    """The link between two GPUs of `spec`: `p2p` False stages every copy through host memory;
+    a `nvidia-smi topo -m` code NV# is # NVLinks, any other a PCIe path at the card's
+    generation. Without either, the machines' own link (`spec.link`)."""
     if p2p is False:
         return LINKS[NO_P2P]
     if topo and topo.startswith("NV") and topo[2:].isdigit():
@@ -199,37 +186,29 @@ RESNET18 = Workload()
 @dataclass(frozen=True)
 class Overheads:
     """Per-step costs that are not FLOPs or link traffic. Assumptions, stated and adjustable."""
-    efficiency: float = 0.4      # efficiency vs counted FLOPs: achieved FLOP/s at a large
-                                 # per-device batch, FLOPs counted as `FlopCounterMode` counts
-                                 # a direct convolution, over the peak the convolutions run at
-                                 # (`conv_peak_tflops`). Not utilization: cuDNN's Winograd
-                                 # kernels do fewer real operations, so it can near or pass 1
+    efficiency: float = 0.4      # achieved FLOP/s at a large batch (FLOPs as `FlopCounterMode`
+                                 # counts them) over `conv_peak_tflops`; not utilization:
+                                 # cuDNN's Winograd kernels do fewer operations, so it can pass 1
     half_batch: float = 16.0     # per-device batch that reaches half that rate (small kernels
                                  # leave SMs idle): compute = (batch + half_batch) / rate
     step_s: float = 2e-3         # launching ~200 kernels per step at ~10 us each
-    thread_s: float = 2e-3       # DataParallel, per device and step: `replicate` rebuilds the
-                                 # module in Python, and each replica's forward is launched from
-                                 # a Python thread under the GIL: fitted to the published
-                                 # runs by `evidence.fit` (this default is the old assumption)
-    tensor_s: float = 17e-6      # DataParallel, per device, step and parameter/buffer tensor:
-                                 # the Python of `replicate` (measured here: module copies of
-                                 # the chapter's net, 2.16 ms for 127 tensors, 2-core AMD EPYC)
+    thread_s: float = 2e-3       # DataParallel's Python thread per device and step, under the
+                                 # GIL; `evidence.fit` fits it (this default is the old guess)
+    tensor_s: float = 17e-6      # DataParallel, per device, step and tensor `replicate` copies
+                                 # (measured: 2.16 ms for the chapter's 127, 2-core AMD EPYC)
     overlap: float = 0.5         # DDP: share of backward time that can hide the all-reduce
     optimizer_passes: float = 3  # SGD reads params and grads, writes params: 3 x bytes / mem BW
 
 
-# The chapter's input pipeline (d2l's loader: a PIL image and `ToTensor` per image, in
-# `d2l.get_dataloader_workers()` = 4 worker processes). Measured here with
-# `chapter.chapter_loader(..., num_workers=0)`, batch 256, best of 3, on the shared 2-core AMD
-# EPYC: seconds per image at 28 px, and at 64 px with `Resize(64)` first. A faster host does
-# better; `diagnose.loader_images_per_s` times the loader on the machine at hand.
+# Seconds per image of the chapter's loader (d2l's: PIL and `ToTensor` per image, 4 worker
+# processes), at 28 px and at 64 px (`Resize(64)` first): `chapter.chapter_loader(...,
+# num_workers=0)`, batch 256, best of 3, on the shared 2-core AMD EPYC.
 CHAPTER_LOADER_S = {28: 227e-6, 64: 444e-6}
 D2L_LOADER_WORKERS = 4
 
 
 def loader_rate(image_size: int = 28, workers: int = D2L_LOADER_WORKERS) -> float:
-    """Images per second the chapter's loader delivers with `workers` processes (each on a
-    core of its own: the rate per process times the processes)."""
+    """Images per second the chapter's loader delivers with `workers` processes, a core each."""
     return workers / CHAPTER_LOADER_S[image_size]
 
 
@@ -269,20 +248,17 @@ def ring_allreduce_steps(n: int) -> list[tuple[str, list[list[int]]]]:
 
 
 def allreduce_bytes(num_params: int, n: int, bytes_per_param: int = 4) -> dict[str, float]:
-    """Bytes one step sends over the busiest device's link, in each direction: in DDP's ring
-    all-reduce every rank sends (and receives) 2(n-1)/n of the gradients. DataParallel's
-    `replicate` broadcasts the weights (`comm.broadcast_coalesced`) and the gradients come back
-    through `comm.reduce_add_coalesced`; with NCCL both are pipelined collectives, so GPU 0's
-    link carries about one copy out and one copy in, whatever n is."""
+    """Bytes one step sends over the busiest device's link, each way: DDP's ring sends 2(n-1)/n
+    of the gradients per rank; DataParallel's pipelined broadcast and reduce carry about one
+    copy each way over GPU 0's link, whatever n is."""
     size = num_params * bytes_per_param
     return {"ddp_ring_per_device": 2 * (n - 1) / n * size,
             "dp_gpu0": float(size) if n > 1 else 0.0}
 
 
 def dp_comm_s(w: Workload, n: int, per_device: float, link: LinkSpec) -> float:
-    """DataParallel's traffic through device 0's link, every step, none of it overlapped with
-    compute: broadcast the weights and reduce the gradients (pipelined collectives: about one
-    copy each, plus a hop of latency per device), scatter the inputs and gather the outputs."""
+    """DataParallel's traffic through device 0's link, never overlapped: broadcast weights,
+    reduce gradients (about one copy each), scatter inputs and gather outputs."""
     if n <= 1:
         return 0.0
     bw = link.gbs * 1e9
@@ -335,9 +311,8 @@ def predict_step_time(n_devices: int, global_batch: float, spec: DeviceSpec, lin
 def predict_epoch_time(n_devices: int, global_batch: int, num_images: int, spec: DeviceSpec,
                        link: LinkSpec, strategy: str = "ddp", *,
                        loader_images_per_s: Optional[float] = None, **kw) -> float:
-    """Seconds per epoch: ceil(images / global batch) steps (the last one may be short).
-    The loader's workers prepare batches while the GPUs train, so a loader rate (images/s, e.g.
-    `CHAPTER_LOADER_S` per image per worker) bounds the epoch rather than adding to it."""
+    """Seconds per epoch: ceil(images / global batch) steps (the last one may be short). The
+    loader works while the GPUs train, so its rate (images/s) bounds the epoch, never adds."""
     full, rest = divmod(num_images, global_batch)
     t = full * predict_step_time(n_devices, global_batch, spec, link, strategy, **kw).total
     if rest:

@@ -1,9 +1,7 @@
 """Whether a split pays: a split's predicted step time, the best split, and the break-even.
 
-`split.split_sizes` shares a batch by measured speed; here its step is predicted (the slowest
-shard plus the sync) and set against the fastest device alone. Exercise 2 reads these; the
-measured speeds and sync come from `lab/hetero_bench.py`.
-"""
+A `split.split_sizes` step is the slowest shard plus the sync, set against the fastest device
+alone. Exercise 2 reads these, with speeds and sync from `lab/hetero_bench.py`."""
 from __future__ import annotations
 
 import math
@@ -15,10 +13,8 @@ from ..split import check_speeds, split_sizes
 
 
 def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: float) -> float:
-    """Predicted seconds per step: the slowest shard, plus `sync_s` when two or more devices work.
-
-    A device with work and speed 0 never finishes: the answer is `inf`.
-    """
+    """Seconds per step: the slowest shard (inf for one with work and speed 0), plus `sync_s`
+    when two or more devices work."""
     speeds = check_speeds(speeds)
     if len(sizes) != len(speeds):
         raise ValueError(f"{len(sizes)} sizes for {len(speeds)} speeds")
@@ -71,11 +67,9 @@ def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
 
 
 def break_even_slowdown(total: int, speed: float, sync_s: float) -> Optional[float]:
-    """How many times slower than a device of `speed` (images/s) a second device can be
-    before giving it a share of `total` stops paying, sync included: the k where
-    `best_split(total, [speed, speed / k], sync_s).speedup` falls to 1 (solved by bisection on
-    the whole-sample split, which only slows as k grows). None: even an equal device does not
-    pay for the sync."""
+    """How many times slower than a device of `speed` (images/s) a second one can be before a
+    share of `total` stops paying, sync included: the k where `best_split`'s speedup falls to 1
+    (bisection). None: even an equal device does not pay for the sync."""
     speed = check_speeds([speed])[0]
     if speed <= 0:
         raise ValueError("speed must be > 0")
