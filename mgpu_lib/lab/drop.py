@@ -110,9 +110,3 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
             one("reused", net, 2)
     return records
 
-
-def late_swing(test_acc: list[float]) -> float:
-    """The largest fall in test accuracy from one epoch to the next over the second half of a
-    run: how far its last epoch can land from its best (0 for a run that only improves)."""
-    half = test_acc[len(test_acc) // 2 - 1:]
-    return max([a - b for a, b in zip(half, half[1:])] + [0.0])

@@ -13,8 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import PILImages
-from ..data import DeviceLoader
+from ..data import DeviceLoader, PILImages
 from ..hetero import forward_backward
 from .bench import images_per_second
 
