@@ -31,8 +31,6 @@ from .d2l import chapter_step
 from .files import record_header as header
 from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
 
-CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
-
 
 def cpu_bf16_support(flags: Optional[set] = None) -> str:
     """"amx" (AMX-BF16 tiles), "avx512_bf16" (bf16 dot products) or "none" (emulated), from
@@ -250,7 +248,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     return {**header(hardware=describe_devices([device]), profile=None,
                      config={**config, "bf16": bf16, "norm_fp32": norm_fp32}),
             "kind": "bench", **config, "train_flops_per_image": flops,
-            "cpu_bf16": cpu_bf16_support(), "chapter_loop": CHAPTER_LOOP, "modes": modes,
+            "cpu_bf16": cpu_bf16_support(), "chapter_loop": "line by line", "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": peak_rss_mb()}
 

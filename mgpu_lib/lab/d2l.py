@@ -31,17 +31,14 @@ def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
             y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
             return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
 
-    def stage(channels: int, first: bool) -> nn.Sequential:
-        return nn.Sequential(
-            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
-            LazyResidual(channels))
-
     w = width
     net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
                         nn.BatchNorm2d(w), nn.ReLU())
     for i, (channels, first) in enumerate([(w, True), (2 * w, False), (4 * w, False),
                                            (8 * w, False)], start=1):
-        net.add_module(f"resnet_block{i}", stage(channels, first))
+        net.add_module(f"resnet_block{i}", nn.Sequential(
+            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
+            LazyResidual(channels)))
     net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
     net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(8 * w, num_classes)))
     return net
