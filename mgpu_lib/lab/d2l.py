@@ -1,9 +1,6 @@
-"""D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against.
-
-`lazy_resnet18` and `chapter_init_weights` are the network and the init as the chapter has them
-(the init skips lazy layers that have not seen data); `train` is its training loop, refactored.
-The book's versions (`mg.resnet18`, `mg.train`) fix what goes wrong here. The chapter's input
-pipeline is `mg.load_fashion_mnist_chapter`, in the core: `TrainConfig(fast=False)` runs it.
+"""D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against:
+its lazy network, init and training loop, which the book's `mg.resnet18` and `mg.train` fix.
+Its input pipeline is the core's `mg.load_fashion_mnist_chapter` (`TrainConfig(fast=False)`).
 """
 from __future__ import annotations
 
@@ -83,11 +80,10 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
 
 def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
           num_epochs: int = 10, check_bn=None) -> dict:
-    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the
-    step factored out), the data and the devices passed in. Returns the test accuracy and
-    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize).
-    `check_bn(net) -> dict`, if given, adds its readings to each epoch's (the book's: the
-    same weights with BatchNorm's statistics recomputed, `training.bn_accuracies`)."""
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the step
+    factored out, the data and the devices passed in): the test accuracy and seconds of every
+    epoch (`time.perf_counter` for `d2l.Timer`: no synchronize). `check_bn(net) -> dict`, if
+    given, adds its readings to each epoch's (`training.bn_accuracies`)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)

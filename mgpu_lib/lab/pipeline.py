@@ -1,6 +1,5 @@
 """What the CPU should do instead of training: prepare the next batch while the device trains.
-Each of `pipelines` (random-crop and flip augmentation) is timed over a few dozen batches, alone
-(how fast can it deliver?) and feeding a training step (`measure_pipelines`).
+`measure_pipelines` times each of `pipelines` (random crop and flip) alone and feeding training.
 """
 from __future__ import annotations
 
