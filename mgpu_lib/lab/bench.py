@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from ..data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
-from ..devices import (DeviceError, autocast_dtype, describe_devices, num_gpus, timed,
-                       try_gpu)
+from ..devices import DeviceError, autocast_dtype, describe_devices, num_gpus, timed, try_gpu
 from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
@@ -73,8 +72,7 @@ def add_tflops(modes: dict, width: int, device) -> float:
         m["tflops"] = m["median"] * flops / 1e12
         sw = m["switches"]
         m["peak_tflops"] = peak_tflops(device, sw["bf16"], sw.get("fp16", False))
-        m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
-                                if m["peak_tflops"] else None)
+        m["percent_of_peak"] = 100 * m["tflops"] / m["peak_tflops"] if m["peak_tflops"] else None
     return flops
 
 

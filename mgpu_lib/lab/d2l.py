@@ -20,8 +20,7 @@ def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
             super().__init__()
             self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
             self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
-            self.conv3 = (nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv
-                          else None)
+            self.conv3 = nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv else None
             self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
 
         def forward(self, x):

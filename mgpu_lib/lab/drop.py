@@ -52,8 +52,7 @@ def reset_like_mxnet(net: nn.Module) -> nn.Module:
 
 def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: int,
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
-             conditions=CONDITIONS, devices=None,
-             log: Optional[Callable[[str], None]] = None,
+             conditions=CONDITIONS, devices=None, log: Optional[Callable[[str], None]] = None,
              save: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """The runs of one seed (`conditions`: of CONDITIONS and EXTRA), each a record with its
     per-epoch test accuracy and, at the last epoch, BatchNorm's readings. `seed` seeds the

@@ -81,12 +81,10 @@ def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[],
     """The pipelines compared, by name; each value makes a fresh iterator of batches."""
     def loader(w):
         return lambda: data_loader(images, labels, batch_size, w, device=device)
-    return {
-        **{f"DataLoader, {w} worker{'' if w == 1 else 's'}": loader(w) for w in (0, 1, 2)},
-        "DataLoader, 0 workers + prefetch thread": lambda: prefetch(loader(0)(), device),
-        "device-resident + batched augment": lambda: device_batches(
-            images, labels, batch_size, device=device),
-    }
+    return {**{f"DataLoader, {w} worker{'' if w == 1 else 's'}": loader(w) for w in (0, 1, 2)},
+            "DataLoader, 0 workers + prefetch thread": lambda: prefetch(loader(0)(), device),
+            "device-resident + batched augment":
+                lambda: device_batches(images, labels, batch_size, device=device)}
 
 
 def measure_pipelines(net: nn.Module, images, labels, batch_size: int, device, *,
