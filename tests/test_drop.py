@@ -2,7 +2,7 @@
 from torch import nn
 
 from mgpu_lib.lab.d2l import chapter_init_weights, lazy_resnet18
-from mgpu_lib.lab.drop import CONDITIONS, EXTRA, late_swing, reset_like_mxnet, run_seed
+from mgpu_lib.lab.drop import CONDITIONS, EXTRA, reset_like_mxnet, run_seed
 
 
 def test_the_mxnet_like_reset_leaves_every_layer_to_the_init_and_biases_at_zero():
@@ -22,12 +22,6 @@ def test_each_condition_runs_at_its_batch_and_lr():
     assert got == {"first": (16, 0.1), "reused": (32, 0.2), "fresh": (32, 0.2),
                    "fresh_small": (16, 0.1), "first_large": (32, 0.2)}
     assert all(len(r["test_acc"]) == 1 and r["data_source"] == "synthetic" for r in records)
-
-
-def test_late_swing_is_the_largest_fall_in_the_second_half():
-    assert late_swing([0.1, 0.5, 0.9, 0.8, 0.85, 0.6, 0.9, 0.88]) == \
-        __import__("pytest").approx(0.25)
-    assert late_swing([0.1, 0.2, 0.3, 0.4]) == 0.0
 
 
 def test_each_run_is_saved_as_it_ends_with_batchnorm_readings_at_the_last_epoch():

@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from ..data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
-from ..devices import (DeviceError, autocast_dtype, describe_devices, num_gpus, timed,
-                       try_gpu)
+from ..devices import DeviceError, autocast_dtype, describe_devices, num_gpus, timed, try_gpu
 from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
@@ -30,8 +29,6 @@ from ..config import AUTO, REFERENCE, Switches, prepare_model, resolve_switches
 from .d2l import chapter_step
 from .files import record_header as header
 from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
-
-CHAPTER_LOOP = "line by line"      # `bench` results say how their reference loop was run
 
 
 def cpu_bf16_support(flags: Optional[set] = None) -> str:
@@ -75,8 +72,7 @@ def add_tflops(modes: dict, width: int, device) -> float:
         m["tflops"] = m["median"] * flops / 1e12
         sw = m["switches"]
         m["peak_tflops"] = peak_tflops(device, sw["bf16"], sw.get("fp16", False))
-        m["percent_of_peak"] = (100 * m["tflops"] / m["peak_tflops"]
-                                if m["peak_tflops"] else None)
+        m["percent_of_peak"] = 100 * m["tflops"] / m["peak_tflops"] if m["peak_tflops"] else None
     return flops
 
 
@@ -250,7 +246,7 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     return {**header(hardware=describe_devices([device]), profile=None,
                      config={**config, "bf16": bf16, "norm_fp32": norm_fp32}),
             "kind": "bench", **config, "train_flops_per_image": flops,
-            "cpu_bf16": cpu_bf16_support(), "chapter_loop": CHAPTER_LOOP, "modes": modes,
+            "cpu_bf16": cpu_bf16_support(), "chapter_loop": "line by line", "modes": modes,
             "ratio": modes["fast"]["median"] / modes["reference"]["median"],
             "process_peak_rss_mb": peak_rss_mb()}
 

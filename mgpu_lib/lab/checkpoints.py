@@ -1,8 +1,7 @@
 """A DDP checkpoint checked in full before any rank starts: the launcher and the CLI call
-`check` so that a torn, malformed or foreign checkpoint, or something that is not a file where
-one would be saved, is refused in one line and left as it was. The DDP program itself
-(`ddp.save_checkpoint`, `ddp.restore`) needs only `torch.save` and `torch.load`.
-"""
+`check`, which refuses a torn, malformed or foreign checkpoint, or a non-file where one would be
+saved, in one line and leaves it as it was. The DDP program itself (`ddp.save_checkpoint`,
+`ddp.restore`) needs only `torch.save` and `torch.load`."""
 from __future__ import annotations
 
 import os

@@ -1,9 +1,6 @@
-"""D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against.
-
-`lazy_resnet18` and `chapter_init_weights` are the network and the init as the chapter has them
-(the init skips lazy layers that have not seen data); `train` is its training loop, refactored.
-The book's versions (`mg.resnet18`, `mg.train`) fix what goes wrong here. The chapter's input
-pipeline is `mg.load_fashion_mnist_chapter`, in the core: `TrainConfig(fast=False)` runs it.
+"""D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against:
+its lazy network, init and training loop, which the book's `mg.resnet18` and `mg.train` fix.
+Its input pipeline is the core's `mg.load_fashion_mnist_chapter` (`TrainConfig(fast=False)`).
 """
 from __future__ import annotations
 
@@ -23,25 +20,21 @@ def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
             super().__init__()
             self.conv1 = nn.LazyConv2d(channels, 3, padding=1, stride=strides)
             self.conv2 = nn.LazyConv2d(channels, 3, padding=1)
-            self.conv3 = (nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv
-                          else None)
+            self.conv3 = nn.LazyConv2d(channels, 1, stride=strides) if use_1x1conv else None
             self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
 
         def forward(self, x):
             y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
             return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
 
-    def stage(channels: int, first: bool) -> nn.Sequential:
-        return nn.Sequential(
-            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
-            LazyResidual(channels))
-
     w = width
     net = nn.Sequential(nn.Conv2d(1, w, kernel_size=3, stride=1, padding=1),
                         nn.BatchNorm2d(w), nn.ReLU())
     for i, (channels, first) in enumerate([(w, True), (2 * w, False), (4 * w, False),
                                            (8 * w, False)], start=1):
-        net.add_module(f"resnet_block{i}", stage(channels, first))
+        net.add_module(f"resnet_block{i}", nn.Sequential(
+            LazyResidual(channels, use_1x1conv=not first, strides=1 if first else 2),
+            LazyResidual(channels)))
     net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
     net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(8 * w, num_classes)))
     return net
@@ -86,11 +79,10 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
 
 def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
           num_epochs: int = 10, check_bn=None) -> dict:
-    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the
-    step factored out), the data and the devices passed in. Returns the test accuracy and
-    seconds of every epoch (`time.perf_counter` for `d2l.Timer`: no synchronize).
-    `check_bn(net) -> dict`, if given, adds its readings to each epoch's (the book's: the
-    same weights with BatchNorm's statistics recomputed, `training.bn_accuracies`)."""
+    """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the step
+    factored out, the data and the devices passed in): the test accuracy and seconds of every
+    epoch (`time.perf_counter` for `d2l.Timer`: no synchronize). `check_bn(net) -> dict`, if
+    given, adds its readings to each epoch's (`training.bn_accuracies`)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)

@@ -1,8 +1,7 @@
 """Why is my multi-GPU run slower? Look at the machine, then name the likely causes, costliest
 first. `causes` is a pure function of the `Facts` that `gather_facts` measures, so each rule is
-tested on described machines. Every threshold and cost comes from the step-time model at the
-published runs' fit; without a datasheet (or on a CPU) it says what it can, and what it would
-check.
+tested on described machines. Thresholds and costs come from the step-time model at the
+published runs' fit; without a datasheet (or on a CPU) it says what it can, and what to check.
 """
 from __future__ import annotations
 
@@ -123,8 +122,7 @@ def datasheet(name: str) -> Optional[DeviceSpec]:
 
 def machine(f: Facts) -> Optional[Machine]:
     """The model of `f`'s machine, or None without a datasheet for its first GPU (`datasheet`).
-    The link is `pair_link` of the slowest pair the facts describe (P2P off, then its topo
-    code)."""
+    The link is `pair_link` of the slowest pair the facts describe (P2P off, then topo code)."""
     spec = datasheet(f.devices[0]) if f.devices else None
     if spec is None:
         return None

@@ -2,30 +2,23 @@
 
     python tools/record_drop.py --seeds 0,1,2 --out runs/drop_cpu.jsonl
 
-The chapter trains one `net` twice: on 1 GPU at batch B and learning rate lr, then on 2 GPUs at
-2B and 2 lr, reusing the object. Its init re-draws conv and linear weights only, so the second
-run starts with the first run's BatchNorm scales, shifts and running statistics and its biases;
-MXNet's version of the chapter calls `initialize(force_reinit=True)` and starts afresh. Four runs
-per seed, all with the chapter's own code (`d2l.train`), tell the candidate causes apart:
+The chapter trains one `net` on 1 GPU at batch B and learning rate lr, then reuses it on 2 GPUs
+at 2B and 2 lr. Its init re-draws conv and linear weights only, so the second run starts with
+the first's BatchNorm state and biases (MXNet's `initialize(force_reinit=True)` starts afresh).
+Each run uses the chapter's own code (`d2l.train`):
 
 - `first`: the chapter's first call, on a fresh lazy network (its init reaches 2 of 21 layers);
 - `reused`: the chapter's second call on the same object, at 2B and 2 lr;
-- `fresh`: 2B and 2 lr on a fresh network reset as MXNet's `force_reinit` leaves it: every
-  conv and linear weight N(0, 0.01) (the chapter's init, reaching all 21 layers), biases 0,
-  BatchNorm at its defaults;
+- `fresh`: 2B and 2 lr from the state MXNet's `force_reinit` leaves: every conv and linear
+  weight N(0, 0.01), biases 0, BatchNorm at its defaults;
 - `fresh_small`: the same fresh start at B and lr;
-- `first_large`: the chapter's first call (its init reaching 2 of 21 layers, the rest at
-  PyTorch's default init) at 2B and 2 lr: against `fresh`, the scale of the initial weights at
-  the doubled learning rate.
-
-Every epoch also records the same weights with BatchNorm's statistics checked
-(`training.bn_accuracies`): test accuracy with batch statistics, and test and training accuracy
-after the running statistics are recomputed over a fixed sample of the training set.
+- `first_large`: the chapter's first call at 2B and 2 lr: against `fresh`, the scale of the
+  initial weights (PyTorch's default init where the chapter's misses) at the doubled lr.
 
 `reused` against `fresh` is the carried-over state; `fresh` against `fresh_small` is doubling
-the batch and the learning rate (half as many steps); `first` against `fresh_small` is the lazy
-layers' partial init. On a CPU, DataParallel is a pass-through: BatchNorm sees the whole batch
-of 2B where two GPUs would each normalize B.
+the batch and the learning rate; `first` against `fresh_small` is the partial init. The last
+epoch also records BatchNorm's readings (`training.bn_accuracies`). On a CPU, DataParallel is a
+pass-through: BatchNorm sees the whole batch of 2B where two GPUs would each normalize B.
 """
 from __future__ import annotations
 
@@ -59,16 +52,14 @@ def reset_like_mxnet(net: nn.Module) -> nn.Module:
 
 def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: int,
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
-             conditions=CONDITIONS, devices=None,
-             log: Optional[Callable[[str], None]] = None,
+             conditions=CONDITIONS, devices=None, log: Optional[Callable[[str], None]] = None,
              save: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """The runs of one seed (`conditions`: of CONDITIONS and EXTRA), each a record with its
-    per-epoch test accuracy and, at the last epoch, BatchNorm's readings (`bn_accuracies`).
-    `seed` seeds the weights and the data order (the same images, in the same order, for every
-    run at one batch size); `width` 64 is the chapter's. The runs at B use `batch_size`, `lr` and
-    the first of `devices` (default: the CPU); those at 2B twice both and all of them, as the
-    chapter's two calls do. `save` gets each record as its run ends (a store keeps what is done);
-    "reused" trains "first" again when only it is asked for, and returns only what was asked."""
+    per-epoch test accuracy and, at the last epoch, BatchNorm's readings. `seed` seeds the
+    weights and the data order. Runs at B use `batch_size`, `lr` and the first of `devices`
+    (default: the CPU), those at 2B twice both and all of them. `save` gets each record as its
+    run ends; "reused" trains "first" again when only it is asked for, and returns only what was
+    asked."""
     devices = list(devices or [torch.device("cpu")])
     data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
                                   test_limit=test_limit, seed=seed)
@@ -110,9 +101,3 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
             one("reused", net, 2)
     return records
 
-
-def late_swing(test_acc: list[float]) -> float:
-    """The largest fall in test accuracy from one epoch to the next over the second half of a
-    run: how far its last epoch can land from its best (0 for a run that only improves)."""
-    half = test_acc[len(test_acc) // 2 - 1:]
-    return max([a - b for a, b in zip(half, half[1:])] + [0.0])

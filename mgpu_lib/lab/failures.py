@@ -3,9 +3,8 @@
 Each rank's `@record` (torch's `errors.record`) writes the exception that ended it to an error
 file under torchrun's `--log_dir`; torchrun's own report (`ChildFailedError`) gives the exit
 code, and so the signal, of each rank that ended on its own. torch's `ProcessFailure` reads both.
-The blame goes to a rank that refused its input, then to one killed by a signal nobody in the
-job sent (torchrun stops the others with SIGTERM), then to the earliest error; a rank the
-launcher had to kill (it hung) is named as what the others waited for.
+`_blame` picks the rank to name; a rank the launcher had to kill (it hung) is named as what the
+others waited for.
 """
 import os
 import re

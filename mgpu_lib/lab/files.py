@@ -1,9 +1,5 @@
 """Files and provenance for the book's records: atomic writes, what a path is when it is no
-file, and the header that says what produced a record (the package version and git revision).
-
-    write_atomic("runs/result.json", text)      # readers see the old file or the new one
-    stamp(record)                               # a fresh record gets this clone's revision
-"""
+file, and the header that says what produced a record (package version and git revision)."""
 from __future__ import annotations
 
 import functools
@@ -45,8 +41,7 @@ def not_a_file(path) -> Optional[str]:
 def write_atomic(path, data) -> Path:
     """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
     readers see the old file or the new one, and a failed write (a full disk) leaves no torn
-    file behind. A link at `path` is the user's: the file it points to is replaced, not the
-    link. Results, traces and checkpoints are all written this way."""
+    file. A link at `path` is the user's: the file it points to is replaced, not the link."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)

@@ -87,8 +87,6 @@ def default_setup(slowdown: float = 3.0) -> HeteroSetup:
                        (1.0, float(slowdown)), half, True, label)
 
 
-
-
 def median_seconds(fn: Callable[[], object], devices, steps: int) -> float:
     """Median seconds of `fn()` over `steps` timed calls, after one untimed warm-up call."""
     fn()

@@ -1,8 +1,7 @@
 """DDP jobs from Python: `launch` trains with the DDP program (`torchrun -m mgpu_lib.ddp`),
-`run_ranks` runs any rank program (the trace's too). The real torchrun starts the ranks; added
-is only what a notebook or a command line needs: nothing outlives the call (Ctrl-C, a timeout
-or an exception stops the job; if this process dies instead, its reaper does: `reaper.py`), and
-a failed or hung rank is named in one line (`failures.py`).
+`run_ranks` runs any rank program (the trace's too), under the real torchrun. Nothing outlives
+the call (Ctrl-C, a timeout or an exception stops the job; if this process dies instead, its
+reaper does: `reaper.py`), and a failed or hung rank is named in one line (`failures.py`).
 """
 import json
 import os

@@ -1,6 +1,5 @@
 """What the CPU should do instead of training: prepare the next batch while the device trains.
-Each of `pipelines` (random-crop and flip augmentation) is timed over a few dozen batches, alone
-(how fast can it deliver?) and feeding a training step (`measure_pipelines`).
+`measure_pipelines` times each of `pipelines` (random crop and flip) alone and feeding training.
 """
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import PILImages
-from ..data import DeviceLoader
+from ..data import DeviceLoader, PILImages
 from ..hetero import forward_backward
 from .bench import images_per_second
 
@@ -83,12 +81,10 @@ def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[],
     """The pipelines compared, by name; each value makes a fresh iterator of batches."""
     def loader(w):
         return lambda: data_loader(images, labels, batch_size, w, device=device)
-    return {
-        **{f"DataLoader, {w} worker{'' if w == 1 else 's'}": loader(w) for w in (0, 1, 2)},
-        "DataLoader, 0 workers + prefetch thread": lambda: prefetch(loader(0)(), device),
-        "device-resident + batched augment": lambda: device_batches(
-            images, labels, batch_size, device=device),
-    }
+    return {**{f"DataLoader, {w} worker{'' if w == 1 else 's'}": loader(w) for w in (0, 1, 2)},
+            "DataLoader, 0 workers + prefetch thread": lambda: prefetch(loader(0)(), device),
+            "device-resident + batched augment":
+                lambda: device_batches(images, labels, batch_size, device=device)}
 
 
 def measure_pipelines(net: nn.Module, images, labels, batch_size: int, device, *,

@@ -55,8 +55,7 @@ class Variant:
     """One way to run DDP: a bucket cap, and micro-batches per step (all but the last under
     `no_sync`, so only the last backward all-reduces)."""
     name: str
-    bucket_cap_mb: Optional[float] = None     # MiB; None: DDP's default (DEFAULT_CAP_BYTES,
-                                              # the first bucket FIRST_CAP_BYTES)
+    bucket_cap_mb: Optional[float] = None     # MiB; None: DDP's defaults (DEFAULT_CAP_BYTES)
     accumulate: int = 1
 
     def __post_init__(self):
@@ -166,21 +165,17 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
               out="runs/trace", active: int = 2, backend: str = "auto",
               timeout_s: float = 300.0) -> TraceRun:
     """Trace `active` steps of each variant on `nprocs` processes; the events of every rank.
-
-    Writes `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (`save_events`).
-    `config.batch_size` is the global batch. The ranks run as a DDP job does
-    (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on Ctrl-C, SIGTERM or SIGHUP,
-    and no process outlives this call. The ranks write into the job's folder; `out` gets the
-    traces from this process once every rank succeeded, so nothing is written there after this
-    call. A failed rank is a `LaunchError` that names it.
-    """
+    `config.batch_size` is the global batch. Once every rank succeeded, this process writes
+    `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (`save_events`). The ranks
+    run as a DDP job does (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on
+    Ctrl-C, SIGTERM or SIGHUP, none outliving this call; a failed rank is a `LaunchError`."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)
     check_nprocs(nprocs, backend)
     variants = list(variants or default_variants(config.width))
     out, start = Path(out), time.perf_counter()
-    for path in [_trace_file(out, v, r) for v in variants for r in range(nprocs)] + [
-            out / "events.json"]:
+    ranks = [(v, r) for v in variants for r in range(nprocs)]
+    for path in [_trace_file(out, v, r) for v, r in ranks] + [out / "events.json"]:
         if what := not_a_file(path):     # a user's FIFO or device is never replaced by a trace
             raise ValueError(f"{path} is {what}; a trace would replace it: name another --out "
                              f"folder")
@@ -191,18 +186,15 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
                                         timeout_s=timeout_s)), encoding="utf-8")
         run_ranks(["-m", "mgpu_lib.lab.trace", str(spec)], nprocs, tmp,
                   env=rank_env(backend, nprocs), timeout_s=timeout_s)
-        for v in variants:
-            for r in range(nprocs):
-                write_atomic(_trace_file(out, v, r),
-                             _trace_file(tmp / "traces", v, r).read_bytes())
+        for v, r in ranks:
+            write_atomic(_trace_file(out, v, r), _trace_file(tmp / "traces", v, r).read_bytes())
     # the hardware as rank 0 saw it: its share of the threads, not this process's
     meta = json.loads(_trace_file(out, variants[0], 0).read_text(encoding="utf-8"))["otherData"]
     noun = "process" if nprocs == 1 else "processes"
     run = TraceRun(f"{nprocs} {backend} {noun}, each on {meta['mgpu']['hardware']}",
                    config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
-    run.ranks = [read_trace(_trace_file(out, v, r), v.name, r)
-                 for v in variants for r in range(nprocs)]
+    run.ranks = [read_trace(_trace_file(out, v, r), v.name, r) for v, r in ranks]
     save_events(run, out / "events.json")
     return run
 
