@@ -8,6 +8,7 @@ it, and the command lines (`mgpu_lib.book.cli`, `ddp.parse_args`) build its flag
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, fields, replace
@@ -39,6 +40,13 @@ class Check:
         if value is None or not self.ok(value):
             raise ValueError(f"must be {self.words}, got {text!r}")
         return value
+
+    def __call__(self, text: str):
+        """`parse` as an argparse type: a refusal is one line naming the flag."""
+        try:
+            return self.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     def check(self, name: str, value) -> None:
         if not self.ok(value):
@@ -99,6 +107,16 @@ def on_cli(cls_or_obj) -> list[dataclasses.Field]:
 
 def flag_name(f: dataclasses.Field) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def add_flags(parser, cls, skip=()) -> None:
+    """A flag for each command-line setting of `cls` but `skip`; a true/false one alone: true."""
+    for f in on_cli(cls):
+        check, on_off = f.metadata["check"], f.metadata["check"] is FLAG
+        if f.name not in skip:
+            parser.add_argument(flag_name(f), dest=f.name, type=check, metavar=check.metavar,
+                                nargs="?" if on_off else None, const=True if on_off else None,
+                                help=f.metadata["help"])
 
 
 def validate(config) -> None:

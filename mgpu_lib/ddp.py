@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
-from .config import FLAG, flag_name, on_cli, prepare_model, resolve_switches
+from .config import add_flags, prepare_model, resolve_switches
 from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, bn_accuracies,
                        evaluate_accuracy, fit, fixed_sample, make_model, make_step)
 
@@ -261,12 +261,7 @@ def parse_args(argv=None):
     import argparse
     parser = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
                                      description=__doc__.splitlines()[0])
-    settings = [f for f in on_cli(TrainConfig) if f.name != "devices"]   # --nproc_per_node
-    for f in settings:
-        flag = f.metadata["check"] is FLAG          # alone: true
-        parser.add_argument(flag_name(f), dest=f.name, type=f.metadata["check"].parse,
-                            nargs="?" if flag else None, const=True if flag else None,
-                            help=f.metadata["help"])
+    add_flags(parser, TrainConfig, skip=("devices",))     # devices: --nproc_per_node
     parser.add_argument("--config", help="a TrainConfig as JSON; the flags override it")
     parser.add_argument("--out", help="rank 0 writes the result here (JSON)")
     parser.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
@@ -278,7 +273,8 @@ def parse_args(argv=None):
     if "WORLD_SIZE" not in os.environ:
         parser.error("run this under torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...")
     base = json.loads(Path(args.config).read_text(encoding="utf-8")) if args.config else {}
-    given = {f.name: getattr(args, f.name) for f in settings if getattr(args, f.name) is not None}
+    given = {k: v for k, v in vars(args).items()
+             if k in TrainConfig.__dataclass_fields__ and v is not None}
     return (TrainConfig(**{**base, **given}), args.out, args.checkpoint, args.resume,
             args.backend, args.timeout)
 

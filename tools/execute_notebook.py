@@ -27,7 +27,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-from mgpu_lib.book.cli import Parser, argtype, sigterm_interrupts
+from mgpu_lib.book.cli import Parser, sigterm_interrupts
 from mgpu_lib.config import COUNT, TIMEOUT
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
@@ -136,10 +136,10 @@ def main(argv=None) -> int:
     p = Parser(prog="tools/execute_notebook.py", description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "full"])
-    p.add_argument("--timeout", type=argtype(TIMEOUT), default=3600.0,
+    p.add_argument("--timeout", type=TIMEOUT, default=3600.0,
                    help="seconds per cell (default 3600)")
     p.add_argument("--out", type=Path, help="run copies in this folder, not in place")
-    p.add_argument("--slowest", type=argtype(COUNT), default=0,
+    p.add_argument("--slowest", type=COUNT, default=0,
                    help="list this many slowest cells")
     args = p.parse_args(argv)
     for path in args.notebooks:       # every one before the first runs

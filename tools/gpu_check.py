@@ -64,7 +64,7 @@ from mgpu_lib.perf.scaling import (DEVICES, RESNET18, DeviceSpec, dp_python_s, l
 from mgpu_lib.perf.split_time import best_split, shard_grid
 from mgpu_lib.config import resolve_switches
 from mgpu_lib.book.sweep import as_point, key_of, load_store, plural, point_key, sweep
-from mgpu_lib.book.cli import Parser, argtype
+from mgpu_lib.book.cli import Parser
 from mgpu_lib.config import POSITIVE_NUMBER
 from mgpu_lib.training import TrainConfig, make_model, train
 
@@ -796,7 +796,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a bad argument is one line, exit 2."""
     p = Parser(prog="gpu_check", description=__doc__.splitlines()[0])
     # a finite number above 0 (nan and inf would switch the budget off)
-    p.add_argument("--budget-s", type=argtype(POSITIVE_NUMBER), default=270.0,
+    p.add_argument("--budget-s", type=POSITIVE_NUMBER, default=270.0,
                    help="total seconds for the whole script, imports included (default 270)")
     p.add_argument("--out", help="JSON Lines file to append to (default "
                                  "runs/gpu_<device>.jsonl in this folder)")

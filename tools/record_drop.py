@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from mgpu_lib.book.cli import Parser, argtype, seed_list
+from mgpu_lib.book.cli import Parser, seed_list
 from mgpu_lib.book.store import append, check_writable, read
 from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
 from mgpu_lib.lab.bench import check_fits
@@ -23,13 +23,13 @@ from mgpu_lib.lab.drop import CONDITIONS, EXTRA, KIND, run_seed
 def main(argv=None) -> int:
     p = Parser(prog="tools/record_drop.py", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="e.g. 0,1,2 or 0-4")
-    p.add_argument("--width", type=argtype(POSITIVE_INT), default=16)
-    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=128,
+    p.add_argument("--width", type=POSITIVE_INT, default=16)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=128,
                    help="the first run's batch; the second runs use twice it")
-    p.add_argument("--lr", type=argtype(POSITIVE_NUMBER), default=0.1)
-    p.add_argument("--epochs", type=argtype(POSITIVE_INT), default=10)
-    p.add_argument("--train-limit", type=argtype(COUNT), default=10000, help="0: all 60,000")
-    p.add_argument("--test-limit", type=argtype(COUNT), default=2000, help="0: all 10,000")
+    p.add_argument("--lr", type=POSITIVE_NUMBER, default=0.1)
+    p.add_argument("--epochs", type=POSITIVE_INT, default=10)
+    p.add_argument("--train-limit", type=COUNT, default=10000, help="0: all 60,000")
+    p.add_argument("--test-limit", type=COUNT, default=2000, help="0: all 10,000")
     p.add_argument("--out", default="runs/drop_cpu.jsonl")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
                    help=f"which runs, from {', '.join(CONDITIONS + EXTRA)}")

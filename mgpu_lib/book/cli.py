@@ -35,7 +35,7 @@ from ..devices import DeviceError, num_gpus
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable
-from ..config import COUNT, FLAG, POSITIVE_INT, TIMEOUT, Check, flag_name, on_cli
+from ..config import COUNT, POSITIVE_INT, TIMEOUT, add_flags, on_cli
 from ..lab import checkpoints
 from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
@@ -54,11 +54,6 @@ def _argtype(parse, name: str):
             raise argparse.ArgumentTypeError(str(e)) from None
     convert.__name__ = name
     return convert
-
-
-def argtype(check: Check):
-    """An argparse type from a setting's check: a refusal is one line naming the flag."""
-    return _argtype(check.parse, check.words)
 
 
 seed_list = _argtype(parse_seeds, "seeds")      # --seeds of `sweep` and of the tools
@@ -82,12 +77,8 @@ def build_parser(config=TrainConfig) -> Parser:
         """A subcommand; one that `trains` has a flag per setting of `config` (left out: the
         profile's value), --profile and --out."""
         p = sub.add_parser(name, help=text)
-        for f in on_cli(config) if trains else []:
-            on_off = f.metadata["check"] is FLAG
-            p.add_argument(flag_name(f), dest=f.name, type=argtype(f.metadata["check"]),
-                           nargs="?" if on_off else None, const=True if on_off else None,
-                           metavar=f.metadata["check"].metavar, help=f.metadata["help"])
         if trains:
+            add_flags(p, config)
             p.add_argument("--profile",
                            help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
             p.add_argument("--out", help=out)
@@ -97,11 +88,11 @@ def build_parser(config=TrainConfig) -> Parser:
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
-    p.add_argument("--nprocs", type=argtype(POSITIVE_INT),
+    p.add_argument("--nprocs", type=POSITIVE_INT,
                    help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
-    p.add_argument("--timeout", type=argtype(TIMEOUT),
+    p.add_argument("--timeout", type=TIMEOUT,
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
@@ -122,14 +113,14 @@ def build_parser(config=TrainConfig) -> Parser:
                         f"{MAX_POINTS:,} points always)")
 
     p = command("bench", "the chapter's loop vs the fast loop, alternating")
-    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=5, help="timed steps per repeat")
-    p.add_argument("--batch-size", type=argtype(POSITIVE_INT), default=256)
-    p.add_argument("--width", type=argtype(POSITIVE_INT), default=64,
+    p.add_argument("--steps", type=POSITIVE_INT, default=5, help="timed steps per repeat")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=256)
+    p.add_argument("--width", type=POSITIVE_INT, default=64,
                    help="ResNet width (64 = chapter)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
-    p.add_argument("--repeats", type=argtype(POSITIVE_INT), default=3, help="alternating rounds")
-    p.add_argument("--warmup-steps", type=argtype(POSITIVE_INT), default=2)
-    p.add_argument("--workers", type=argtype(COUNT),
+    p.add_argument("--repeats", type=POSITIVE_INT, default=3, help="alternating rounds")
+    p.add_argument("--warmup-steps", type=POSITIVE_INT, default=2)
+    p.add_argument("--workers", type=COUNT,
                    help="reference DataLoader workers (default: 4, capped at the usable cores)")
     p.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                    help="the fast loop's bf16 autocast (auto: on GPUs with bf16; CPUs: off)")
@@ -142,7 +133,7 @@ def build_parser(config=TrainConfig) -> Parser:
     p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=argtype(TIMEOUT), default=COLLECTIVE_TIMEOUT_S,
+    p.add_argument("--timeout", type=TIMEOUT, default=COLLECTIVE_TIMEOUT_S,
                    help="seconds a collective may wait for a silent rank")
     p.add_argument("--config", help="a TrainConfig as JSON, in place of the flags")
 
@@ -150,21 +141,21 @@ def build_parser(config=TrainConfig) -> Parser:
 
     p = command("trace", "a few DDP steps under torch.profiler: per-rank traces, all-reduce "
                          "overlap")
-    p.add_argument("--nprocs", type=argtype(POSITIVE_INT), default=2,
+    p.add_argument("--nprocs", type=POSITIVE_INT, default=2,
                    help="DDP processes (default 2)")
     p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
                                      "(default: MGPU_PROFILE, else by hardware)")
-    p.add_argument("--bucket-cap-mb", type=argtype(BUCKET_CAP),
+    p.add_argument("--bucket-cap-mb", type=BUCKET_CAP,
                    help="trace this bucket cap only (default: small buckets, one bucket, and "
                         "one bucket with no_sync)")
-    p.add_argument("--accumulate", type=argtype(POSITIVE_INT), default=1,
+    p.add_argument("--accumulate", type=POSITIVE_INT, default=1,
                    help="with --bucket-cap-mb: micro-batches per step, all but the last under "
                         "no_sync")
-    p.add_argument("--steps", type=argtype(POSITIVE_INT), default=2,
+    p.add_argument("--steps", type=POSITIVE_INT, default=2,
                    help="steps recorded, after two unrecorded ones (default 2)")
     p.add_argument("--out", default="runs/trace",
                    help="folder for the per-rank Chrome traces and events.json")
-    p.add_argument("--timeout", type=argtype(TIMEOUT), default=300.0,
+    p.add_argument("--timeout", type=TIMEOUT, default=300.0,
                    help="stop every process after this many seconds (default 300)")
     return parser
 

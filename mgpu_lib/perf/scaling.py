@@ -201,7 +201,7 @@ class Overheads:
 
 
 # Seconds per image of the chapter's loader (d2l's: PIL and `ToTensor` per image, 4 worker
-# processes), at 28 px and at 64 px (`Resize(64)` first): `chapter.chapter_loader(...,
+# processes), at 28 px and at 64 px (`Resize(64)` first): `data.chapter_loader(...,
 # num_workers=0)`, batch 256, best of 3, on the shared 2-core AMD EPYC.
 CHAPTER_LOADER_S = {28: 227e-6, 64: 444e-6}
 D2L_LOADER_WORKERS = 4
