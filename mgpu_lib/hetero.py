@@ -99,17 +99,11 @@ class HeteroDataParallel:
     def reduce_grads(self, active: list[int]) -> None:
         """Sum every active replica's gradients into the main replica's."""
         with torch.no_grad():
-            for i in active:
-                if i == 0:
-                    continue
+            for i in (i for i in active if i != 0):
                 for p, q in zip(self.module.parameters(), self.replicas[i].parameters()):
-                    if q.grad is None:
-                        continue
-                    g = q.grad.to(p.device, non_blocking=True)
-                    if p.grad is None:
-                        p.grad = g.clone()
-                    else:
-                        p.grad.add_(g)
+                    if q.grad is not None:
+                        g = q.grad.to(p.device, non_blocking=True)
+                        p.grad = g.clone() if p.grad is None else p.grad.add_(g)
 
     def _average_buffers(self, active: list[int], sizes: Sequence[int]) -> None:
         """Running statistics: shard-size-weighted mean of the replicas that saw data."""
@@ -127,9 +121,5 @@ class HeteroDataParallel:
 
     def broadcast(self) -> None:
         """Copy the main replica's weights and buffers to every other replica."""
-        with torch.no_grad():
-            for r in self.replicas[1:]:
-                for q, p in zip(r.parameters(), self.module.parameters()):
-                    q.copy_(p)
-                for q, p in zip(r.buffers(), self.module.buffers()):
-                    q.copy_(p)
+        for r in self.replicas[1:]:
+            r.load_state_dict(self.module.state_dict())     # copies into r's own tensors
