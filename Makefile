@@ -12,6 +12,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
+# The offline Fashion-MNIST copy beside the repository, where there is one and none is named (as
+# .ci/run finds it): `make floors`' DDP smoke trains on real data, and there is no network here.
+ifneq ($(wildcard ../shared/data/fashion-mnist),)
+export MGPU_FASHION_MNIST_DIR ?= $(abspath ../shared/data/fashion-mnist)
+endif
 
 .PHONY: book check test venv clean
 
