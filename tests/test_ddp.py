@@ -31,6 +31,7 @@ from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddp_helpers import failed, rank_pid, source, tiny
+from helpers import batch, bn_free_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,17 +71,6 @@ def test_uneven_shards_pad_with_at_most_world_minus_one_repeats():
 
 # ---- one SGD step: 2 ranks on half a batch each == 1 process on the whole batch --------------
 
-def _bn_free_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4),
-                         nn.Flatten(), nn.Linear(4 * 7 * 7, 10))
-
-
-def _batch():
-    g = torch.Generator().manual_seed(1)
-    return torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
-
-
 def _one_step(model, x, y, device="cpu"):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     make_step(model, opt, nn.CrossEntropyLoss(), device)(x, y)
@@ -90,8 +80,8 @@ def _rank_step(rank: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=2)
     try:
-        x, y = _batch()
-        model = nn.parallel.DistributedDataParallel(_bn_free_model())
+        x, y = batch()
+        model = nn.parallel.DistributedDataParallel(bn_free_model())
         _one_step(model, x[rank * 8:(rank + 1) * 8], y[rank * 8:(rank + 1) * 8])
         torch.save(model.module.state_dict(), f"{folder}/rank{rank}.pt")
     finally:
@@ -102,9 +92,9 @@ def _rank_step(rank: int, folder: str) -> None:
 def test_two_ranks_on_half_batches_equal_one_process_on_the_batch(tmp_path):
     torch.set_num_threads(1)
     mp.spawn(_rank_step, args=(str(tmp_path),), nprocs=2, join=True)
-    single = _bn_free_model()
+    single = bn_free_model()
     before = {k: v.clone() for k, v in single.state_dict().items()}
-    _one_step(single, *_batch())
+    _one_step(single, *batch())
     for rank in (0, 1):
         theirs = torch.load(tmp_path / f"rank{rank}.pt")
         for k, v in single.state_dict().items():
