@@ -65,7 +65,8 @@
     function show() {
       var i = index(form, "share"), e = rec.p[i].split(" ");
       range(form, "share", e[0] + " images");
-      ["share", "mid", "lo", "hi", "fast", "slow", "speedup"].forEach(function (key, j) {
+      ["share", "mid", "lo", "hi", "fast", "slow", "speedup", "gain_lo", "gain_hi"]
+        .forEach(function (key, j) {
         setText(view, key, e[j]);
       });
       ["alone", "sync", "best", "xmax", "ymax", "xlabel"].forEach(function (key) {

@@ -13,7 +13,7 @@ pages run, D2L's own code to compare in `lab.d2l`, the DDP launcher) and `book` 
 records, verdicts, figures, the command line). Importing runs nothing: devices are looked up when called.
 """
 from .config import TrainConfig
-from .data import load_fashion_mnist, load_fashion_mnist_chapter
+from .data import DeviceLoader, load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import (DeviceError, describe_devices, num_gpus, resolve_devices, synchronize, timed,
                       try_all_gpus, try_gpu)
 from .hetero import HeteroDataParallel
@@ -22,8 +22,8 @@ from .split import split_sizes
 from .training import (TrainResult, build_model, evaluate_accuracy, fit, make_model, make_step,
                        train)
 
-__all__ = ["DeviceError", "HeteroDataParallel", "TrainConfig", "TrainResult", "block_shapes",
-           "build_model", "describe_devices", "evaluate_accuracy", "fit", "init_weights",
-           "load_fashion_mnist", "load_fashion_mnist_chapter", "make_model", "make_step",
-           "num_gpus", "num_params", "resnet18", "resolve_devices", "same_weights", "split_sizes",
-           "synchronize", "timed", "train", "try_all_gpus", "try_gpu"]
+__all__ = ["DeviceError", "DeviceLoader", "HeteroDataParallel", "TrainConfig", "TrainResult",
+           "block_shapes", "build_model", "describe_devices", "evaluate_accuracy", "fit",
+           "init_weights", "load_fashion_mnist", "load_fashion_mnist_chapter", "make_model",
+           "make_step", "num_gpus", "num_params", "resnet18", "resolve_devices", "same_weights",
+           "split_sizes", "synchronize", "timed", "train", "try_all_gpus", "try_gpu"]

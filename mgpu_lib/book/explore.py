@@ -161,9 +161,13 @@ def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, flo
     for n in shard_grid(batch, best):
         sizes = [batch - n, n]
         lo, step, hi = band(lambda o: predict_hetero_step(speeds(o), sizes, sync_s), spec)
+        # the speedup's own band: the split against the GPU alone at the same corner (paired)
+        gain = band(lambda o: batch / speeds(o)[0]
+                    / predict_hetero_step(speeds(o), sizes, sync_s), spec)
         points.append(dict(share=n, fast=_t(1e3 * sizes[0] / mid[0]),
                            slow=_t(1e3 * n / mid[1]), mid=_t(1e3 * step), lo=_t(1e3 * lo),
                            hi=_t(1e3 * hi), speedup=f"{alone[1] / step:.2f}",
+                           gain_lo=f"{gain[0]:.2f}", gain_hi=f"{gain[2]:.2f}",
                            raw=(step, lo, hi)))
     return dict(points=points, best=best, alone=[_t(1e3 * a) for a in alone],
                 sync=_t(1e3 * sync_s), chart=_chart(points, best, slow))
@@ -196,7 +200,9 @@ def split_panel(v: dict, i: int) -> str:
             f'</b> ms (band '
             f'<b data-k="lo">{p["lo"]}</b> to <b data-k="hi">{p["hi"]}</b>), against '
             f'<b data-k="alone">{v["alone"][1]}</b> ms for the GPU alone: '
-            f'<b data-k="speedup">{p["speedup"]}</b> times its speed.</p>'
+            f'<b data-k="speedup">{p["speedup"]}</b> times its speed (band '
+            f'<b data-k="gain_lo">{p["gain_lo"]}</b> to <b data-k="gain_hi">{p["gain_hi"]}</b>'
+            f', the two held at the same corner of the fit).</p>'
             f'<p>The GPU\'s shard takes <b data-k="fast">{p["fast"]}</b> ms, the second '
             f'device\'s (<b data-k="share">{p["share"]}</b> images) <b data-k="slow">'
             f'{p["slow"]}</b> ms, then the sync <b data-k="sync">{v["sync"]}</b> ms (none when '
@@ -235,7 +241,8 @@ def _split_packed(v: dict) -> dict:
     return dict(best=v["best"], alone=v["alone"][1], sync=v["sync"],
                 i=next(i for i, p in enumerate(v["points"]) if p["share"] == v["best"]),
                 p=[" ".join([str(p["share"]), p["mid"], p["lo"], p["hi"], p["fast"], p["slow"],
-                             p["speedup"]]) for p in v["points"]],
+                             p["speedup"], p["gain_lo"], p["gain_hi"]])
+                   for p in v["points"]],
                 line=c["line"], band=c["band"], x=c["best"], xmax=c["xmax"], ymax=c["ymax"],
                 xlabel=c["xlabel"])
 
