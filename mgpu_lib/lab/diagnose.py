@@ -21,8 +21,8 @@ from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
 from ..config import COUNT, POSITIVE_INT, Check, one_of
-from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, StepTime, compute_rate, dp_python_s,
-                            pair_link, predict_step_time)
+from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
+                            dp_python_s, pair_link, predict_step_time)
 
 NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
 
@@ -79,18 +79,19 @@ class Machine:
     link: LinkSpec
     n: int
     width: int = 64
+    overheads: Optional[Overheads] = None   # None: the middle of the published runs' fit
 
     def step(self, batch: float, strategy: str, link: Optional[LinkSpec] = None,
              n: Optional[int] = None) -> StepTime:
-        """The predicted step at the middle of the published runs' fit."""
+        """The predicted step (at the middle of the published runs' fit by default)."""
         return predict_step_time(n or self.n, batch, self.spec, link or self.link, strategy,
                                  workload=workload(self.width),
-                                 overheads=published_fit().overheads(self.spec))
+                                 overheads=self.overheads or published_fit().overheads(self.spec))
 
     def rate(self) -> float:
-        """Images per second one GPU computes at the fit's middle."""
-        return compute_rate(self.spec, workload(self.width),
-                            published_fit().overheads(self.spec).efficiency)
+        """Images per second one GPU computes (at the fit's middle by default)."""
+        o = self.overheads or published_fit().overheads(self.spec)
+        return compute_rate(self.spec, workload(self.width), o.efficiency)
 
 
 _TIMING = Check("a positive finite number or None", lambda v: isinstance(v, (int, float)) and
