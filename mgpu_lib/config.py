@@ -57,7 +57,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v) -> bool:
+def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -73,11 +73,7 @@ POSITIVE_INT = Check("a positive integer", lambda v: _is_int(v) and v >= 1, int,
 COUNT = Check("an integer >= 0", lambda v: _is_int(v) and v >= 0, int, "N")
 SEED = Check("an integer from 0 to 2**63 - 1", lambda v: _is_int(v) and 0 <= v <= SEED_MAX,
              int, "N")
-POSITIVE_NUMBER = Check("a positive number", lambda v: _is_number(v) and v > 0, float, "X")
-WEEK_S = 7 * 24 * 3600          # a longer timeout is a typo: 1e10 s overflows torch's timers
-TIMEOUT = Check(f"a number of seconds above 0, at most {WEEK_S:,} (a week)",
-                lambda v: _is_number(v) and 0 < v <= WEEK_S, float, "S")
-NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: _is_number(v) and v >= 0, float, "X")
+POSITIVE_NUMBER = Check("a positive number", lambda v: is_number(v) and v > 0, float, "X")
 FLAG = Check("true or false (on/off)", lambda v: isinstance(v, bool), _to_bool, "on|off")
 AUTO_FLAG = Check("true, false or 'auto' (on/off/auto)",
                   lambda v: isinstance(v, bool) or v == "auto",
@@ -179,8 +175,6 @@ class TrainConfig:
 
 AUTO = "auto"
 EVAL_BATCH = 1024       # images per evaluation batch on the fast path
-# a command-line --bf16 value as a config value
-BF16_FLAG = {"auto": AUTO, "on": True, "off": False}
 
 
 @dataclass(frozen=True)
@@ -210,8 +204,6 @@ class Switches:
 
 
 REFERENCE = Switches()
-# config fields that only choose the fast path's switches (the chapter's loop ignores them)
-SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
 
 
 def channels_last_safe(device_type: str, width: int) -> bool:

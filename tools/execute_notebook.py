@@ -27,8 +27,8 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-from mgpu_lib.book.cli import Parser, sigterm_interrupts
-from mgpu_lib.config import COUNT, TIMEOUT
+from mgpu_lib.book.cli import TIMEOUT, Parser, sigterm_interrupts
+from mgpu_lib.config import COUNT
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
 WIDGET = "application/vnd.jupyter.widget-view+json"

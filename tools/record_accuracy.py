@@ -13,10 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mgpu_lib.book.cli import SWEEP_CAP, Parser, check_plan, seed_list
+from mgpu_lib.book.cli import BF16_FLAG, SWEEP_CAP, Parser, check_plan, seed_list
 from mgpu_lib.book.profiles import PROFILES, get_profile
 from mgpu_lib.book.sweep import sweep, unique
-from mgpu_lib.config import BF16_FLAG
 
 # The repository's copy of the records (this tool makes package data, in a clone), never an
 # installed package's.

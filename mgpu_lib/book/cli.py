@@ -35,14 +35,18 @@ from ..devices import DeviceError, num_gpus
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable
-from ..config import COUNT, POSITIVE_INT, TIMEOUT, add_flags, on_cli
+from ..config import AUTO, COUNT, POSITIVE_INT, Check, add_flags, is_number, on_cli
 from ..lab import checkpoints
 from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
-from ..config import BF16_FLAG
 from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
+
+WEEK_S = 7 * 24 * 3600          # a longer timeout is a typo: 1e10 s overflows torch's timers
+TIMEOUT = Check(f"a number of seconds above 0, at most {WEEK_S:,} (a week)",
+                lambda v: is_number(v) and 0 < v <= WEEK_S, float, "S")
+BF16_FLAG = {"auto": AUTO, "on": True, "off": False}    # a --bf16 value as a config value
 
 
 def _argtype(parse, name: str):

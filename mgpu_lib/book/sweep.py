@@ -18,7 +18,7 @@ from collections import Counter
 import json
 import math
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -26,7 +26,7 @@ import torch
 from . import store as results
 from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
-from ..config import COUNT, NONNEGATIVE_NUMBER, SEED, SWITCH_FIELDS, Check, flag_name, on_cli
+from ..config import COUNT, SEED, Check, Switches, flag_name, is_number, on_cli
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
@@ -36,7 +36,10 @@ from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
 
 # Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
 # and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
+NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: is_number(v) and v >= 0, float, "X")
 OPTIONS = {"warmup_epochs": NONNEGATIVE_NUMBER, "nprocs": COUNT}
+# config fields that only choose the fast path's switches (the chapter's loop ignores them)
+SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
 # Above this many points a sweep is refused before its list is built: 10**7 configs take
 # minutes just to construct, and no run of this book's network finishes that many.
 MAX_POINTS = 100_000
