@@ -2,11 +2,13 @@
 function looks at the hardware when called, never at import)."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
 from typing import Optional, Sequence
 
+import cpuinfo
 import torch
 
 
@@ -68,14 +70,15 @@ def _describe_available() -> str:
     return "no GPU (only the CPU)"
 
 
+@functools.cache
+def cpu_info() -> dict:
+    """py-cpuinfo's description of this CPU (`brand_raw`, `flags`): about a second, once."""
+    return cpuinfo.get_cpu_info()
+
+
 def cpu_name() -> str:
-    """The CPU's model name, read from /proc/cpuinfo where it exists."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            name = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), "")
-    except OSError:
-        name = ""
-    return " ".join(name.split()) or platform.processor() or platform.machine() or "unknown CPU"
+    """The CPU's model name, e.g. 'AMD EPYC 7B13'."""
+    return " ".join(cpu_info().get("brand_raw", "").split()) or platform.machine() or "unknown CPU"
 
 
 def autocast_dtype(device) -> Optional[str]:

@@ -1,3 +1,5 @@
+import platform
+
 import pytest
 import torch
 
@@ -43,3 +45,14 @@ def test_describe_cpu_names_the_kernels_torch_runs(monkeypatch):
     """Two 2-core EPYCs can differ 3x: the ISA torch dispatches to is part of the name."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert "(AVX2), " in describe_devices([torch.device("cpu")])
+
+
+def test_the_cpu_is_named_by_py_cpuinfo_not_by_reading_proc(monkeypatch):
+    """DESIGN.md: no /proc by hand. The name comes from py-cpuinfo (Linux, macOS, Windows),
+    spaces folded; where it finds none, the machine's architecture."""
+    for info, name in (({"brand_raw": "  Intel(R) Xeon(R)  CPU @ 2.20GHz "},
+                        "Intel(R) Xeon(R) CPU @ 2.20GHz"), ({}, platform.machine())):
+        devices.cpu_info.cache_clear()
+        monkeypatch.setattr(devices.cpuinfo, "get_cpu_info", lambda: info)
+        assert devices.cpu_name() == name
+    devices.cpu_info.cache_clear()

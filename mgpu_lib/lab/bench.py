@@ -5,7 +5,6 @@ TFLOP/s against the device's peak; `measure` times any set of switches (the abla
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from dataclasses import replace
@@ -21,7 +20,8 @@ import torch
 from torch import nn
 
 from ..data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
-from ..devices import DeviceError, autocast_dtype, describe_devices, num_gpus, timed, try_gpu
+from ..devices import (DeviceError, autocast_dtype, cpu_info, describe_devices, num_gpus,
+                       timed, try_gpu)
 from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
@@ -33,13 +33,8 @@ from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
 
 def cpu_bf16_support(flags: Optional[set] = None) -> str:
     """"amx" (AMX-BF16 tiles), "avx512_bf16" (bf16 dot products) or "none" (emulated), from
-    the CPU's flags in /proc/cpuinfo (none where there is no such file)."""
-    if flags is None:
-        flags = set()
-        if os.path.exists("/proc/cpuinfo"):
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = set(next((line.split(":", 1)[1] for line in f
-                                  if line.startswith("flags")), "").split())
+    the CPU's flags (py-cpuinfo's, unless given)."""
+    flags = set(cpu_info().get("flags", [])) if flags is None else flags
     return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
 
 
