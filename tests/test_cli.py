@@ -19,9 +19,8 @@ from mgpu_lib.book import cli as cli
 from mgpu_lib.book import store as results
 from mgpu_lib.book import sweep as sweeps
 from mgpu_lib.data import DataError, load_raw
-from mgpu_lib.book.sweep import NONNEGATIVE_NUMBER
 from mgpu_lib.config import declared, flag_name, setting
-from mgpu_lib.book.sweep import MAX_POINTS, expand, load_store
+from mgpu_lib.book.sweep import MAX_POINTS, NONNEGATIVE_NUMBER, expand, load_store
 from mgpu_lib.training import TrainConfig
 
 from helpers import FakeTrain, make_result, one_line, run_cli as run
