@@ -3,6 +3,7 @@ function looks at the hardware when called, never at import)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import time
@@ -22,8 +23,7 @@ def num_gpus() -> int:
 
 
 def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
+    return torch.backends.mps.is_available()
 
 
 def try_gpu(i: int = 0) -> torch.device:
@@ -72,8 +72,12 @@ def _describe_available() -> str:
 
 @functools.cache
 def cpu_info() -> dict:
-    """py-cpuinfo's description of this CPU (`brand_raw`, `flags`): about a second, once."""
-    return cpuinfo.get_cpu_info()
+    """py-cpuinfo's description of this CPU (`brand_raw`, `flags`): a second, as it reads CPUID
+    in a subprocess, unless a parent process passed its answer on in `MGPU_CPU_INFO`."""
+    try:
+        return dict(json.loads(os.environ["MGPU_CPU_INFO"]))
+    except (KeyError, ValueError, TypeError):   # none passed on, or not a JSON object
+        return cpuinfo.get_cpu_info()
 
 
 def cpu_name() -> str:

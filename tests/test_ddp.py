@@ -50,6 +50,14 @@ def test_batch_split_and_threads():
         ddp.choose_backend("mpi")
 
 
+def test_the_ranks_are_given_the_cpu_s_description(monkeypatch):
+    """The launcher asks py-cpuinfo once (a second) and passes the answer to every rank."""
+    monkeypatch.setattr(launcher, "cpu_info", lambda: {"brand_raw": "Launcher CPU"})
+    env = launcher.rank_env("gloo", 2)
+    assert json.loads(env["MGPU_CPU_INFO"]) == {"brand_raw": "Launcher CPU"}
+    assert env["OMP_NUM_THREADS"] == str(ddp.cpu_threads(2))
+
+
 @pytest.mark.parametrize("n,world", [(4000, 2), (1000, 4)])
 def test_shards_cover_the_subset_exactly_once(n, world):
     for epoch in (0, 1):

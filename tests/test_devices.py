@@ -1,10 +1,16 @@
+import os
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from mgpu_lib import devices
 from mgpu_lib.devices import DeviceError, describe_devices, resolve_devices, try_all_gpus
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_try_all_gpus_never_empty():
@@ -53,6 +59,28 @@ def test_the_cpu_is_named_by_py_cpuinfo_not_by_reading_proc(monkeypatch):
     for info, name in (({"brand_raw": "  Intel(R) Xeon(R)  CPU @ 2.20GHz "},
                         "Intel(R) Xeon(R) CPU @ 2.20GHz"), ({}, platform.machine())):
         devices.cpu_info.cache_clear()
+        monkeypatch.delenv("MGPU_CPU_INFO", raising=False)
         monkeypatch.setattr(devices.cpuinfo, "get_cpu_info", lambda: info)
         assert devices.cpu_name() == name
+    devices.cpu_info.cache_clear()
+
+
+def test_the_processes_a_run_starts_inherit_the_cpu_s_name(monkeypatch):
+    """py-cpuinfo takes about a second a process, so a parent (the launcher, the tests) passes
+    its answer on in MGPU_CPU_INFO and a child (a DDP rank, a notebook kernel) reads it. A value
+    that is not a JSON object is ignored: py-cpuinfo is asked."""
+    asked = []
+    monkeypatch.setattr(devices.cpuinfo, "get_cpu_info",
+                        lambda: asked.append(1) or {"brand_raw": "Asked CPU"})
+    for value, name in (('{"brand_raw": "Parent CPU"}', "Parent CPU"), ("not json", "Asked CPU"),
+                        ("[1]", "Asked CPU")):
+        monkeypatch.setenv("MGPU_CPU_INFO", value)
+        devices.cpu_info.cache_clear()
+        assert devices.cpu_name() == name
+    assert len(asked) == 2
+    monkeypatch.setenv("MGPU_CPU_INFO", '{"brand_raw": "Parent CPU"}')
+    child = subprocess.run([sys.executable, "-c", "from mgpu_lib.devices import cpu_name; "
+                            "print(cpu_name())"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert child.stdout.strip() == "Parent CPU", child.stderr
     devices.cpu_info.cache_clear()
