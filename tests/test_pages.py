@@ -30,7 +30,7 @@ def test_on_a_t4_every_page_is_trimmed_to_fit_the_budget(page, monkeypatch):
     pred = predict(page, FULL, "Tesla T4", 1)
     assert pred["seconds"][0] <= budget_s() * 1.02, (page, pred)
     if pred["cuts"]:
-        assert pred["profile"].name == "full, trimmed"
+        assert pred["profile"].name == pred["profile"].config().profile == "full, trimmed"
         assert "trimmed to fit 15 min" in expected_line(pred)
     for gpu in ("Tesla T4", "NVIDIA H200", "Radeon Pro W7900 with a long marketing name"):
         lines = expected_line(predict(page, FULL, gpu, 1)).splitlines()

@@ -5,7 +5,7 @@ import torch
 
 from mgpu_lib.book.store import load_result, save_result
 from mgpu_lib.book.cli import main
-from mgpu_lib.book.profiles import PROFILES, active_profile, get_profile
+from mgpu_lib.book.profiles import PROFILES, Profile, active_profile, get_profile
 from mgpu_lib.training import TrainConfig, train
 
 from helpers import make_result
@@ -62,6 +62,19 @@ def test_result_roundtrip(tmp_path):
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
+
+
+def test_a_profile_declares_no_setting_of_its_own():
+    """Issue 37: a profile's run settings are a TrainConfig, read through, not copies of its
+    fields; what a profile adds is its name, its seeds and its purpose."""
+    from dataclasses import fields
+    assert {f.name for f in fields(Profile)} == {"name", "train", "seeds", "about"}
+    assert all(p.name == p.train.profile == name for name, p in PROFILES.items())
+    cpu = get_profile("cpu")
+    assert cpu.width == cpu.train.width == 16 and cpu.config().profile == "cpu"
+    assert cpu.config(num_epochs=1).num_epochs == 1 and cpu.num_epochs == 5
+    with pytest.raises(AttributeError, match="'Profile' object has no attribute 'widht'"):
+        cpu.widht
 
 
 def test_profiles(monkeypatch):

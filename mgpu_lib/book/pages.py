@@ -160,22 +160,22 @@ def trim(page: str, profile: Profile, seconds, budget_s: float,
         return STARTUP_S + seconds(page_jobs(page, q, gpus))
     if budget_s <= 0 or cost(p) <= budget_s:
         return p, cuts
-    if len(p.seeds) > 1 and cost(replace(p, seeds=p.seeds[:1])) < cost(p):
+    if len(p.seeds) > 1 and cost(p.replace(seeds=p.seeds[:1])) < cost(p):
         cuts.append(f"1 of {len(p.seeds)} seeds")
-        p = replace(p, seeds=p.seeds[:1])
+        p = p.replace(seeds=p.seeds[:1])
     train = p.train_limit or FULL_TRAIN
     while cost(p) > budget_s and train // 2 >= MIN_TRAIN:
         train //= 2
-        p = replace(p, train_limit=train,
-                    test_limit=min(p.test_limit or FULL_TEST, max(2000, train // 6)))
+        p = p.replace(train_limit=train,
+                      test_limit=min(p.test_limit or FULL_TEST, max(2000, train // 6)))
     if train != (profile.train_limit or FULL_TRAIN):
         cuts.append(f"{train:,} of {profile.train_limit or FULL_TRAIN:,} training images, "
                     f"{p.test_limit:,} of {profile.test_limit or FULL_TEST:,} test images")
     while cost(p) > budget_s and p.num_epochs // 2 >= 2:
-        p = replace(p, num_epochs=p.num_epochs // 2)
+        p = p.replace(num_epochs=p.num_epochs // 2)
     if p.num_epochs != profile.num_epochs:
         cuts.append(f"{p.num_epochs} of {profile.num_epochs} epochs")
-    return replace(p, name=f"{profile.name}, trimmed"), cuts
+    return p.replace(name=f"{profile.name}, trimmed"), cuts
 
 
 def budget_s() -> float:

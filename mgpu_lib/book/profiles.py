@@ -4,9 +4,9 @@
 shrinks data, epochs and width, and sets batch size and lr; the code path stays the same."""
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import asdict, dataclass
-from typing import Optional
+from dataclasses import dataclass
 
 import torch
 
@@ -17,35 +17,42 @@ from ..devices import autocast_dtype, describe_devices, try_gpu
 
 @dataclass(frozen=True)
 class Profile:
+    """Its run's settings (a `TrainConfig`, read through: `profile.width`), seeds and purpose."""
     name: str
-    width: int                   # channels of the first ResNet stage (64 = the chapter's model)
-    num_epochs: int
-    batch_size: int              # global batch, images per step
-    lr: float
-    train_limit: Optional[int]   # class-balanced training subset; None = all 60,000 images
-    test_limit: Optional[int]    # class-balanced test subset; None = all 10,000 images
-    seeds: tuple[int, ...]       # seeds for comparisons that report mean and spread
-    allow_synthetic: bool        # fall back to synthetic data when no real copy is found
-    about: str
+    train: TrainConfig
+    seeds: tuple[int, ...]       # for the comparisons that report a mean and spread
+    about: str                   # what it is for
+
+    def __getattr__(self, name: str):
+        train = self.__dict__.get("train")     # absent while copying or unpickling
+        if name.startswith("_") or not hasattr(train, name):
+            raise AttributeError(f"'Profile' object has no attribute {name!r}")
+        return getattr(train, name)
+
+    def replace(self, **changes) -> Profile:
+        """A copy with `changes`: to its name (its runs' `profile` too), seeds, or run settings."""
+        own = {k: changes.pop(k) for k in ("name", "seeds", "about") if k in changes}
+        train = self.train.replace(**changes, **({"profile": own["name"]} if "name" in own else {}))
+        return dataclasses.replace(self, train=train, **own)
 
     def config(self, cls=TrainConfig, **overrides) -> TrainConfig:
-        """A `TrainConfig` (or `cls`) with this profile's settings, `overrides` on top."""
-        base = {k: v for k, v in asdict(self).items() if k not in ("name", "seeds", "about")}
-        return cls(**{**base, "profile": self.name, **overrides})
+        """This profile's settings as a `TrainConfig` (or `cls`, a subclass), `overrides` on top."""
+        return cls(**{**self.train.to_dict(), **overrides})
 
 
 PROFILES: dict[str, Profile] = {
     # smoke: half the images it had (4,000), about 15 CPU-seconds a run on one thread, so the
     # busiest page (03: five runs) executes in about 2 minutes on 2 cores.
-    "smoke": Profile("smoke", width=8, num_epochs=3, batch_size=32, lr=0.05,
-                     train_limit=2000, test_limit=500, seeds=(0, 1), allow_synthetic=True,
-                     about="CI and nbval: seconds per run on 2 CPU cores"),
-    "cpu": Profile("cpu", width=16, num_epochs=5, batch_size=128, lr=0.1,
-                   train_limit=10000, test_limit=2000, seeds=(0, 1, 2), allow_synthetic=False,
-                   about="a laptop without a GPU: a few minutes per run"),
-    "full": Profile("full", width=64, num_epochs=10, batch_size=256, lr=0.1,
-                    train_limit=None, test_limit=None, seeds=(0, 1, 2), allow_synthetic=False,
-                    about="the chapter's settings on GPUs"),
+    "smoke": Profile("smoke", TrainConfig(profile="smoke", width=8, num_epochs=3, batch_size=32,
+                                          lr=0.05, train_limit=2000, test_limit=500,
+                                          allow_synthetic=True),
+                     (0, 1), "CI and nbval: seconds per run on 2 CPU cores"),
+    "cpu": Profile("cpu", TrainConfig(profile="cpu", width=16, num_epochs=5, batch_size=128,
+                                      lr=0.1, train_limit=10000, test_limit=2000),
+                   (0, 1, 2), "a laptop without a GPU: a few minutes per run"),
+    "full": Profile("full", TrainConfig(profile="full", width=64, num_epochs=10, batch_size=256,
+                                        lr=0.1),
+                    (0, 1, 2), "the chapter's settings on GPUs"),
 }
 
 
@@ -62,7 +69,7 @@ def active_profile() -> Profile:
     return get_profile(name or ("full" if torch.cuda.is_available() else "cpu"))
 
 
-def banner(profile: Optional[Profile] = None) -> str:
+def banner(profile: Profile | None = None) -> str:
     """Short lines for a notebook's setup cell: the profile; the hardware and the precision the
     fast path picks on it; the mgpu_lib it runs (the version a Colab page installed)."""
     p = profile or active_profile()
