@@ -72,12 +72,11 @@ def _describe_available() -> str:
 
 @functools.cache
 def cpu_info() -> dict:
-    """py-cpuinfo's description of this CPU (`brand_raw`, `flags`): a second, as it reads CPUID
-    in a subprocess, unless a parent process passed its answer on in `MGPU_CPU_INFO`."""
+    """This CPU's `brand_raw` and `flags`, as a parent process passed them on, else py-cpuinfo's."""
     try:
         return dict(json.loads(os.environ["MGPU_CPU_INFO"]))
     except (KeyError, ValueError, TypeError):   # none passed on, or not a JSON object
-        return cpuinfo.get_cpu_info()
+        return cpuinfo.get_cpu_info()     # a second: it reads CPUID in a subprocess
 
 
 def cpu_name() -> str:

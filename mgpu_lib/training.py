@@ -94,6 +94,10 @@ class TrainResult:
     def metrics(self) -> dict:
         return {m: getattr(self, m) for m in METRICS}
 
+    def get(self, name: str):
+        """A sweep option or a config field by name (what a sweep's table groups by)."""
+        return self.options[name] if name in self.options else self.config[name]
+
     @property
     def final_test_acc(self) -> float:
         """The last test accuracy; nan unless the run finished ("ok"): a diverged run's last one

@@ -96,7 +96,7 @@ def test_a_run_and_a_sweep_point_are_one_record_type(tmp_path):
     results.append(store, point.to_dict())
     (back,) = load_store(store)
     assert type(back) is TrainResult and back == point and back.options == {"nprocs": 2}
-    assert back.metrics["test_acc"] == back.test_acc
+    assert back.metrics["test_acc"] == back.test_acc and back.get("nprocs") == 2
     old = nested_record()
     store.write_text(json.dumps(old) + "\n", encoding="utf-8")
     (read_back,) = load_store(store)

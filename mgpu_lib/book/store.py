@@ -364,8 +364,8 @@ def summarize(records: Sequence, x: str) -> list[dict]:
     """One row per value of `x`, sorted: mean/std of final test accuracy and of seconds per
     epoch over the finished seeds (`ok` of `n`), and how many diverged."""
     groups: dict = {}
-    for r in records:       # `x` is a sweep option (warmup_epochs, nprocs) or a config field
-        groups.setdefault(r.options[x] if x in r.options else r.config[x], []).append(r)
+    for r in records:
+        groups.setdefault(r.get(x), []).append(r)
     rows = []
     for value in sorted(groups):
         ok = [r for r in groups[value] if r.status == "ok"]
