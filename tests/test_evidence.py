@@ -97,7 +97,7 @@ def test_held_out_covers_every_pytorch_line_that_names_its_gpu():
     assert all(h["predicted_s"] > 0 for h in evidence.held_out())
 
 
-def test_compare_holds_two_predictions_of_one_fit_at_the_same_corners():
+def test_predicted_faster_holds_two_predictions_of_one_fit_at_the_same_corners():
     """Issue 36: compared as independent bands, A was undecided where A < B at every corner of
     the fit (the two bands move together); now a side wins only where it wins at every corner,
     and where the corners disagree the answer stays undecided."""
@@ -105,11 +105,16 @@ def test_compare_holds_two_predictions_of_one_fit_at_the_same_corners():
                      Overheads(), {})
     a, b = (lambda o: 1 + o.thread_s * 10), (lambda o: 1 + o.thread_s * 10 + 0.01)
     assert evidence.band(a, V100, f)[2] > evidence.band(b, V100, f)[0]     # bands overlap
-    assert evidence.compare(a, b, V100, ("A", "B"), f) == "A faster"
-    assert evidence.compare(b, a, V100, ("B", "A"), f) == "A faster"
+    assert evidence.predicted_faster(a, b, V100, ("A", "B"), f) == "A faster"
+    assert evidence.predicted_faster(b, a, V100, ("B", "A"), f) == "A faster"
     crossing = lambda o: 1 + o.thread_s * 10            # 1.0 at thread_s 0, 1.5 at 0.05
-    assert evidence.compare(crossing, lambda o: 1.2, V100, ("A", "B"), f) == evidence.UNDECIDED
-    assert evidence.compare(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f) == evidence.UNDECIDED
+    assert evidence.predicted_faster(crossing, lambda o: 1.2, V100, ("A", "B"), f) == \
+        evidence.UNDECIDED
+    assert evidence.predicted_faster(lambda o: 1.0, lambda o: 1.0, V100, ("A", "B"), f) == \
+        evidence.UNDECIDED
+    # the gaps it reads: the 4 corners (thread_s 0 and 0.05 at each efficiency), the middle
+    assert evidence.corner_gaps(crossing, lambda o: 1.2, V100, f) == pytest.approx(
+        [-0.2, 0.3, -0.2, 0.3, -0.1])
     lo, mid, hi = evidence.band(lambda o: 1 + o.thread_s / o.efficiency, V100, f)
     assert lo == 1.0 and mid == pytest.approx(1 + 0.01 / 0.6) and hi == pytest.approx(1.1)
 
@@ -121,21 +126,22 @@ def test_ddp_beats_dataparallel_on_two_v100s_at_batch_512():
     f = evidence.published_fit()
     assert all(two("ddp")(o) < two("dp")(o) for o in
                (f.overheads(V100, c, t) for c, t in evidence.CORNERS))
-    assert evidence.compare(two("ddp"), two("dp"), V100, ("DDP", "DataParallel")) == "DDP faster"
+    assert evidence.predicted_faster(two("ddp"), two("dp"), V100,
+                                     ("DDP", "DataParallel")) == "DDP faster"
 
 
 def test_two_rtx_4090s_are_called_slower_than_one():
     two, one = evidence.epoch_time(2, 512, G4090), evidence.epoch_time(1, 256, G4090)
-    assert evidence.compare(two, one, G4090, ("two GPUs", "one GPU")) == "one GPU faster"
+    assert evidence.predicted_faster(two, one, G4090, ("two GPUs", "one GPU")) == "one GPU faster"
 
 
 def test_nonsense_predictions_are_refused():
     """Issue 39: a negative or NaN epoch time gave 'A faster' or 'cannot be told'."""
     for bad in (-1.0, float("nan"), 0.0, float("inf")):
         with pytest.raises(ValueError, match="positive, finite time"):
-            evidence.compare(lambda o: bad, lambda o: 1.0, V100, ("A", "B"))
+            evidence.predicted_faster(lambda o: bad, lambda o: 1.0, V100, ("A", "B"))
     with pytest.raises(ValueError, match="two different names"):
-        evidence.compare(lambda o: 1.0, lambda o: 2.0, V100, ("X", "X"))
+        evidence.predicted_faster(lambda o: 1.0, lambda o: 2.0, V100, ("X", "X"))
 
 
 def test_a_gpu_no_run_names_gets_every_fitted_range_and_says_it_is_wide():

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mgpu_lib"
 LINT = Path(sys.executable).with_name("lint-imports")
 CORE_MODULES, CORE_LINES = 10, 1673       # issues 29, 37: the core a learner opens shrinks
-PACKAGE_LINES = 7350      # issue 37: a ratchet; the package only grows by raising it on purpose
+PACKAGE_LINES = 7355      # issue 37: a ratchet; the package only grows by raising it on purpose
 
 
 def library() -> list[Path]:

@@ -257,7 +257,7 @@ def test_runtime_and_evidence_take_one_link_and_agree_on_the_direction():
         two, one = (evidence.band(evidence.epoch_time(n, b, spec), spec)[1]
                     for n, b in ((2, 512), (1, 256)))
         assert (two > one) == (epoch_s(spec, 2, 512) > epoch_s(spec, 1, 256))
-    assert evidence.compare(evidence.epoch_time(2, 512, v100), evidence.epoch_time(
+    assert evidence.predicted_faster(evidence.epoch_time(2, 512, v100), evidence.epoch_time(
         1, 256, v100), v100, ("2 GPUs", "1 GPU")) == "2 GPUs faster"    # bands apart
 
 

@@ -330,26 +330,31 @@ def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fi
     return (min(values), _seconds(predict, f.overheads(spec)), max(values))
 
 
-def compare(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
-            spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
+def corner_gaps(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
+                spec: DeviceSpec, f: Optional[Fit] = None) -> list[float]:
+    """`a - b` in seconds at each of the fit's 4 corners, then at its middle (`CORNERS`)."""
+    f = f or published_fit()
+    return [_seconds(a, o) - _seconds(b, o) for o in (f.overheads(spec, c, t) for c, t in CORNERS)]
+
+
+def predicted_faster(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
+                     spec: DeviceSpec, names: tuple = ("A", "B"), f: Optional[Fit] = None) -> str:
     """Which of two predictions (seconds) of the same fit is smaller, paired: "A faster" only
     where A is smaller at every corner of the fit (and its middle), "B faster" the other way
     round, else `UNDECIDED`. (Two bands of one fit move together: they may overlap where one
-    setup wins at every corner.)"""
+    setup wins at every corner.) A prediction, not a verdict: no measurement is tested."""
     if len(names) != 2 or names[0] == names[1]:
-        raise ValueError(f"compare needs two different names, got {tuple(names)!r}")
-    f = f or published_fit()
-    diffs = [_seconds(a, o) - _seconds(b, o)
-             for o in (f.overheads(spec, c, t) for c, t in CORNERS)]
-    if all(d < 0 for d in diffs):
+        raise ValueError(f"predicted_faster needs two different names, got {tuple(names)!r}")
+    gaps = corner_gaps(a, b, spec, f)
+    if all(d < 0 for d in gaps):
         return f"{names[0]} faster"
-    return f"{names[1]} faster" if all(d > 0 for d in diffs) else UNDECIDED
+    return f"{names[1]} faster" if all(d > 0 for d in gaps) else UNDECIDED
 
 
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,
                link: Optional[LinkSpec] = None, strategy: str = "dp",
                num_images: int = 60000) -> Callable[[Overheads], float]:
-    """`overheads -> seconds per epoch` of one setup, for `band` and `compare`; the link
+    """`overheads -> seconds per epoch` of one setup, for `band` and `predicted_faster`; the link
     defaults to `scaling.pair_link`."""
     link = link or pair_link(spec)
     return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
