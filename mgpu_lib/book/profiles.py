@@ -23,6 +23,9 @@ class Profile:
     seeds: tuple[int, ...]       # for the comparisons that report a mean and spread
     about: str                   # what it is for
 
+    def __post_init__(self):      # its runs carry its name, derived, never typed twice
+        object.__setattr__(self, "train", self.train.replace(profile=self.name))
+
     def __getattr__(self, name: str):
         train = self.__dict__.get("train")     # absent while copying or unpickling
         if name.startswith("_") or not hasattr(train, name):
@@ -32,8 +35,7 @@ class Profile:
     def replace(self, **changes) -> Profile:
         """A copy with `changes`: to its name (its runs' `profile` too), seeds, or run settings."""
         own = {k: changes.pop(k) for k in ("name", "seeds", "about") if k in changes}
-        train = self.train.replace(**changes, **({"profile": own["name"]} if "name" in own else {}))
-        return dataclasses.replace(self, train=train, **own)
+        return dataclasses.replace(self, train=self.train.replace(**changes), **own)
 
     def config(self, cls=TrainConfig, **overrides) -> TrainConfig:
         """This profile's settings as a `TrainConfig` (or `cls`, a subclass), `overrides` on top."""
@@ -43,15 +45,13 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     # smoke: half the images it had (4,000), about 15 CPU-seconds a run on one thread, so the
     # busiest page (03: five runs) executes in about 2 minutes on 2 cores.
-    "smoke": Profile("smoke", TrainConfig(profile="smoke", width=8, num_epochs=3, batch_size=32,
-                                          lr=0.05, train_limit=2000, test_limit=500,
-                                          allow_synthetic=True),
+    "smoke": Profile("smoke", TrainConfig(width=8, num_epochs=3, batch_size=32, lr=0.05,
+                                          train_limit=2000, test_limit=500, allow_synthetic=True),
                      (0, 1), "CI and nbval: seconds per run on 2 CPU cores"),
-    "cpu": Profile("cpu", TrainConfig(profile="cpu", width=16, num_epochs=5, batch_size=128,
-                                      lr=0.1, train_limit=10000, test_limit=2000),
+    "cpu": Profile("cpu", TrainConfig(width=16, num_epochs=5, batch_size=128, lr=0.1,
+                                      train_limit=10000, test_limit=2000),
                    (0, 1, 2), "a laptop without a GPU: a few minutes per run"),
-    "full": Profile("full", TrainConfig(profile="full", width=64, num_epochs=10, batch_size=256,
-                                        lr=0.1),
+    "full": Profile("full", TrainConfig(width=64, num_epochs=10, batch_size=256, lr=0.1),
                     (0, 1, 2), "the chapter's settings on GPUs"),
 }
 
