@@ -28,6 +28,8 @@ headless Chromium (Debian's ``chromium``, driven by Playwright) and measures wha
   breakpoint (992 px: at 400 and at 900, where only this is checked) clicking the visible
   toggle must show the chapter list (or the page's contents) with a link that can be clicked;
   at 1280 the sidebar toggle must hide the sidebar and show it again;
+- ``too long on a phone``: a page taller than MAX_SCREENS phone screens (400 x 800 px, every
+  dropdown and hidden cell closed as a reader first sees it);
 - ``console error``: an error in the console or an uncaught exception;
 - ``request to another host`` / ``failed request``: every request to a host other than
   file:, data:, blob: and localhost is blocked and reported (the book must work offline, as
@@ -54,6 +56,8 @@ from check_book import toc_pages  # noqa: E402  (tools/ is not a package)
 WIDTHS = (1280, 400)
 TOGGLE_WIDTHS = (900,)  # a tablet, a narrow window: there only the sidebar toggles are clicked
 ASPECT_TOLERANCE = 0.05
+PHONE = (400, 800)    # a phone's window, in CSS px: the unit of "phone screens"
+MAX_SCREENS = 15      # issue 49: a page at most 15 phone screens (d2l's own page: about 5)
 NAV_BREAKPOINT = 992  # below it pydata-sphinx-theme moves both sidebars behind their toggles
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]"}
@@ -337,6 +341,11 @@ SIDEBARS = {"primary": ["pst-primary-sidebar-modal", "pst-primary-sidebar"],
 TOGGLE_NAMES = {"primary": "sidebar toggle", "secondary": "contents toggle"}
 
 
+def screens(tab) -> float:
+    """How many phone screens the loaded page is tall (call it on a tab at PHONE's width)."""
+    return tab.evaluate("document.documentElement.scrollHeight") / PHONE[1]
+
+
 def check_toggles(tab, width: int) -> list[list[str]]:
     """Click the visible sidebar toggles as a reader would: [rule, where, detail] for each that
     does nothing. Pages without the theme's sidebar (planted test pages) have nothing to check.
@@ -410,7 +419,11 @@ def check_pages(b, build_root: Path, pages: list[Path]) -> list[str]:
             tab = open_page(b, page, width, log)
             try:
                 result = measure(tab, width)
-                found = result["found"] + check_toggles(tab, width)
+                found = result["found"]
+                if width == PHONE[0] and (tall := screens(tab)) > MAX_SCREENS:
+                    found.append(["too long on a phone", "page",
+                                  f"{tall:.1f} screens of {PHONE[1]} px (at most {MAX_SCREENS})"])
+                found += check_toggles(tab, width)
             finally:
                 tab.close()
             problems += [f"{name} @{width}: {rule}: {at}: {detail}"
@@ -460,14 +473,36 @@ def press(tab, explorer: str, control: str, *keys: str) -> dict | None:
     return explorer_shows(tab, explorer)
 
 
+def page_screens(build_root: Path) -> dict[str, float]:
+    """{page: phone screens} for every chapter and exercise page of a build."""
+    build_root = Path(build_root)
+    out = {}
+    with browser() as b:
+        for page in sorted(build_root.glob("chapters/*.html")) + sorted(
+                build_root.glob("exercises/*.html")):
+            tab = open_page(b, page, PHONE[0])
+            try:
+                out[page.relative_to(build_root).as_posix()] = round(screens(tab), 1)
+            finally:
+                tab.close()
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """Print the layout problems of the build named on the command line (default _build/html)."""
+    """Print the layout problems of the build named on the command line (default _build/html);
+    with --screens, each page's height in phone screens instead."""
+    only_screens = "--screens" in argv
+    argv = [a for a in argv if a != "--screens"]
     default = Path(__file__).resolve().parent.parent / "_build" / "html"
     root = Path(argv[1]) if len(argv) > 1 else default
     if not root.is_dir():
         print(f"check_layout: no build at {root}; run `make book` first")
         return 2
     try:
+        if only_screens:
+            for page, n in page_screens(root).items():
+                print(f"{page}: {n} phone screens")
+            return 0
         problems = check_build(root)
     except BrowserMissing as e:
         print(f"check_layout: {e}")
