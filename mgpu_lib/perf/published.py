@@ -233,3 +233,23 @@ def pair(run: str) -> tuple[PublishedRun, PublishedRun]:
     if not found:
         raise KeyError(f"no published run {run!r}; e.g. {[p[0].run for p in pairs()][:3]}")
     return found[0]
+
+
+@dataclass(frozen=True)
+class GpuHint:
+    """One run of this repository's `tools/gpu_check.py` whose records were not kept: what its
+    log printed, a hint on one device and one seed, never a verdict."""
+    gpu: str
+    width: int
+    batch: int
+    images_per_s: dict          # loop or precision -> training images/s, as bench printed them
+    source: str
+
+
+# Issue 51: `tools/gpu_check.py` on one NVIDIA H200 (9 of 9 stages in 387 s), 28-pixel images;
+# its records were kept beside the repository and are gone, so the next GPU run regenerates them.
+H200_UNSHIPPED = GpuHint(
+    gpu="NVIDIA H200", width=64, batch=256,
+    images_per_s={"tf32": 27914.0, "bf16": 20689.0, "compile": 22152.0},
+    source="tools/gpu_check.py on one NVIDIA H200, 2026-12-04, as issue 51 quotes its log "
+           "(records not kept)")
