@@ -690,7 +690,7 @@ class _FailingClient:
     def __init__(self, nb, on_cell_execute, **kw):
         self.nb, self.started = nb, on_cell_execute
 
-    def execute(self):
+    def execute(self, **kwargs):
         from nbclient.exceptions import CellExecutionError
         self.started(cell=self.nb.cells[1], cell_index=1)
         if self.sigterm:
@@ -712,6 +712,26 @@ def test_execute_notebook_says_the_failing_cell_in_one_line_and_keeps_no_copy(tm
     assert one_line(str(e.value)) == ("01_page.ipynb: cell 1 ('1 / 0') failed under profile cpu: "
                                       "ZeroDivisionError: division by zero")
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_execute_notebook_gives_the_profile_to_the_kernel_not_to_this_process(tmp_path,
+                                                                              monkeypatch):
+    """Issue 50: `_run` set MGPU_PROFILE=cpu in the test session itself, so every notebook
+    kernel started after this test ran under `cpu` (no synthetic data without a data folder)."""
+    tool = load_tool("execute_notebook")
+    seen = {}
+
+    class Client(_FailingClient):
+        def execute(self, **kwargs):
+            seen.update(kwargs.get("env", {}))
+            return super().execute()
+
+    monkeypatch.setattr(tool, "NotebookClient", Client)
+    monkeypatch.setenv("MGPU_PROFILE", "smoke")
+    nb = _notebook(tmp_path / "book" / "01_page.ipynb", "x = 1", "1 / 0")
+    with pytest.raises(SystemExit):
+        tool.main([str(nb), "--profile", "cpu", "--out", str(tmp_path / "out")])
+    assert seen["MGPU_PROFILE"] == "cpu" and os.environ["MGPU_PROFILE"] == "smoke"
 
 
 def test_execute_notebook_removes_its_copy_on_sigterm(tmp_path):
