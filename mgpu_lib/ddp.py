@@ -11,12 +11,16 @@ process gets its share of the CPU threads: N processes act as N "virtual devices
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import io
 import json
 import os
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,9 +30,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
-from .config import add_flags, prepare_model, resolve_switches
-from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, bn_accuracies,
-                       evaluate_accuracy, fit, fixed_sample, make_model, make_step)
+from .config import prepare_model, resolve_switches
+from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, backends,
+                       check_out, evaluate, fit, fixed_sample, make_model, make_step, sgd)
 
 CKPT_NAME = "last.pt"
 CKPT_FORMAT = 1
@@ -140,6 +144,20 @@ def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimi
 
 
 LOG = "rank 0: "     # rank 0's lines start with this (torchrun mixes every rank's output)
+PARENT_POLL_S = 0.5
+
+
+def exit_with_parent() -> None:
+    """End this rank at once when torchrun, its parent, is gone, whatever killed it: nothing
+    trains or writes after the command died (issue 52: SIGKILL to torchrun left both ranks
+    training, re-parented, and writing its checkpoint). POSIX: the parent's pid changes."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def setup(backend: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> torch.device:
@@ -174,8 +192,8 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
     return train_iter, test_iter
 
 
-def train(config: TrainConfig, device, checkpoint=None,
-          resume: bool = False) -> TrainResult:
+def train(config: TrainConfig, device, *, checkpoint=None, resume: bool = False,
+          make_optimizer: Callable = sgd) -> TrainResult:
     """Train `config` as one rank of the group `setup` joined; rank 0's result holds
     the test accuracies. Rank 0 saves a checkpoint into the folder `checkpoint` after
     every epoch; `resume` continues from it."""
@@ -184,29 +202,23 @@ def train(config: TrainConfig, device, checkpoint=None,
     train_iter, test_iter = load_shards(config, device, rank, world)
     net = prepare_model(make_model(config, device), switches)  # same seed on all ranks
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
     result = TrainResult.create(config, hardware=describe_job(device),
                                 num_devices=world,
-                                data_source=train_iter.source,
+                                data_source=getattr(train_iter, "source", "custom"),
                                 steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict(),
-                                       **job_extra(train_iter)})
-    start = (restore(checkpoint, config, world, net, optimizer, result)
-             if checkpoint and resume else 0)
-
+                                extra={"switches": switches.to_dict(), **job_extra(train_iter)})
+    start = restore(checkpoint, config, world, net, optimizer, result) if resume else 0
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
-    # every rank sees the same all-reduced totals, so all stop together on a divergence
-    for r in fit(step, train_iter, result, epochs, [device], reduce=dist.all_reduce):
-        if rank == 0:  # rank 0 alone evaluates (the unwrapped net), saves and prints
-            r.test_acc.append(evaluate_accuracy(net, test_iter, switches=switches))
-            # BatchNorm's statistics, checked on a copy of the model
-            for key, value in bn_accuracies(net, test_iter, sample).items():
-                getattr(r, key).append(value)
-            if checkpoint:
-                save_checkpoint(checkpoint, net, optimizer, config, world, r)
-            print(LOG + epoch_line(r), flush=True)
+    with backends(switches):
+        for r in fit(step, train_iter, result, epochs, [device], reduce=dist.all_reduce):
+            if rank == 0:  # rank 0 alone evaluates (the unwrapped net), saves and prints
+                evaluate(r, net, test_iter, sample, switches)
+                if checkpoint:
+                    save_checkpoint(checkpoint, net, optimizer, config, world, r)
+                print(LOG + epoch_line(r), flush=True)
     return result
 
 
@@ -244,7 +256,9 @@ def main(config: TrainConfig, out: Optional[str] = None,
         local_batch_size(config.batch_size, world)
         if checkpoint and not resume:
             check_fresh(checkpoint)
-        result = train(config, setup(backend, timeout_s), checkpoint, resume)
+        exit_with_parent()
+        result = train(config, setup(backend, timeout_s), checkpoint=checkpoint,
+                       resume=bool(checkpoint and resume))
     except (ValueError, DataError, DeviceError) as e:
         raise RankInputError(str(e)) from e
     if dist.get_rank() == 0:
@@ -256,11 +270,54 @@ def main(config: TrainConfig, out: Optional[str] = None,
     dist.destroy_process_group()
 
 
+def on_off(text: str, auto: bool = False):
+    """A switch's value on a command line: on/off, true/false, yes/no, 1/0 (or 'auto')."""
+    t = text.strip().lower()
+    if auto and t == "auto":
+        return "auto"
+    if t in ("true", "on", "yes", "1", "false", "off", "no", "0"):
+        return t in ("true", "on", "yes", "1")
+    raise argparse.ArgumentTypeError(f"must be on or off{' or auto' if auto else ''}, "
+                                     f"got {text!r}")
+
+
+# A setting's type (as `TrainConfig` declares it) -> how a command line reads its value; the
+# ranges are TrainConfig's own to check (`__post_init__`).
+READ = {"int": int, "Optional[int]": int, "float": float, "str": str, "bool": on_off,
+        "Union[bool, str]": lambda text: on_off(text, auto=True)}
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def kind(f: dataclasses.Field) -> str:
+    """A field's declared type as `READ` names it ('int', 'Optional[int]', ...)."""
+    return f.type if isinstance(f.type, str) else f.type.__name__
+
+
+def add_flags(parser, cls=TrainConfig, skip=()) -> None:
+    """A flag for each setting of `cls` with a command line (its help from the field; an
+    on/off switch given alone means on)."""
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli", True) and f.name not in skip:
+            alone = kind(f) == "bool"
+            parser.add_argument(flag_name(f), dest=f.name, type=READ[kind(f)],
+                                nargs="?" if alone else None, const=True if alone else None,
+                                help=f.metadata.get("help"))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):          # one line, exit 2 (argparse adds a usage line first)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv=None):
-    """`main`'s arguments: a flag per `TrainConfig` setting over `--config` (JSON)."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
-                                     description=__doc__.splitlines()[0])
+    """`main`'s arguments: a flag per `TrainConfig` setting over `--config` (JSON). Input is
+    checked here, where it enters: a bad value, a bad `--config` or an `--out` that holds
+    something other than an earlier result is one line and exit 2, before any rank trains."""
+    parser = _Parser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
+                     description=__doc__.splitlines()[0])
     add_flags(parser, TrainConfig, skip=("devices",))     # devices: --nproc_per_node
     parser.add_argument("--config", help="a TrainConfig as JSON; the flags override it")
     parser.add_argument("--out", help="rank 0 writes the result here (JSON)")
@@ -272,11 +329,16 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if "WORLD_SIZE" not in os.environ:
         parser.error("run this under torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...")
-    base = json.loads(Path(args.config).read_text(encoding="utf-8")) if args.config else {}
     given = {k: v for k, v in vars(args).items()
              if k in TrainConfig.__dataclass_fields__ and v is not None}
-    return (TrainConfig(**{**base, **given}), args.out, args.checkpoint, args.resume,
-            args.backend, args.timeout)
+    try:
+        base = json.loads(Path(args.config).read_text(encoding="utf-8")) if args.config else {}
+        config = TrainConfig(**{**base, **given})
+        if args.out:
+            check_out(args.out)
+    except (OSError, ValueError, TypeError) as e:
+        parser.error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return config, args.out, args.checkpoint, args.resume, args.backend, args.timeout
 
 
 if __name__ == "__main__":

@@ -95,6 +95,33 @@ def autocast_dtype(device) -> Optional[str]:
     return "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else None
 
 
+def precision_records() -> list:
+    """The GPU precision records the package ships (`recorded/precision.json`, written by
+    `tools/gpu_check.py`'s bench): one row a GPU model and width, with the training images/s it
+    measured for each precision ("tf32", "bf16", "fp16", ...) and its source."""
+    from importlib import resources
+    text = resources.files("mgpu_lib").joinpath("recorded/precision.json").read_text(
+        encoding="utf-8")
+    return json.loads(text)
+
+
+def measured_precision(device, width: int) -> Optional[str]:
+    """"bf16" or "fp16" where a shipped record of `device`'s GPU model at this `width` measured
+    that precision faster than fp32 (TF32); else None. At 28-pixel images the step is
+    launch-bound: one H200 ran bf16 autocast at 0.74x TF32 (issue 51), so peak FLOP/s cannot
+    choose a precision; only a measurement may."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for row in precision_records():
+        if row["gpu"] == name and row["width"] == width:
+            rates = row["images_per_s"]
+            best = max(rates, key=rates.get)
+            return best if best in ("bf16", "fp16") else None
+    return None
+
+
 def synchronize(devices) -> None:
     """Wait for queued GPU work, so a timer reads finished work, not launched work."""
     for d in devices:

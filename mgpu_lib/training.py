@@ -10,10 +10,13 @@ timer reading. `TrainConfig(fast=False)` runs the chapter's loop: its DataLoader
 from __future__ import annotations
 
 import copy
+import json
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -131,6 +134,25 @@ class TrainResult:
             raise ValueError(f"{where} is not a train result ({e})") from None
 
 
+def check_out(path) -> None:
+    """The one check of every writer of a run's result (`train --out`, the DDP program's
+    `--out`), made before any work: it may replace nothing but an empty file or an earlier run's
+    result (one JSON document that reads as a `TrainResult`). A notebook, a results store or
+    any other file is a one-line ValueError, and stays as it was."""
+    path = Path(path)
+    if not path.is_file() or not path.read_bytes().strip():
+        return                       # new, empty, or a FIFO or device written into
+    try:
+        doc = json.loads(path.read_bytes())
+        if isinstance(doc, dict) and "nbformat" not in doc:
+            TrainResult.from_dict(doc)
+            return
+    except ValueError:               # not one JSON document (a store, notes, a checkpoint)
+        pass
+    raise ValueError(f"will not replace {path}: it is not a run's result (a notebook, a "
+                     f"results store or another file); name another file")
+
+
 def package_version() -> Optional[str]:
     """This package's installed version (None where it is not installed)."""
     try:
@@ -151,6 +173,21 @@ def _autocast(device, switches: Optional[Switches]):
     on = switches is not None and (switches.bf16 or fp16)
     return torch.autocast(torch.device(device).type, enabled=on,
                           dtype=torch.float16 if fp16 else torch.bfloat16)
+
+
+class Autocast(nn.Module):
+    """`module` run under the switches' autocast in its own `forward`. DataParallel runs each
+    replica in a thread of its own and re-enters autocast there with the enabled flag only, and
+    autocast's dtype is thread-local (CUDA's default is fp16): without this, every replica
+    computes in fp16 with no GradScaler while the run says bf16."""
+
+    def __init__(self, module: nn.Module, device_type: str, switches: Switches):
+        super().__init__()
+        self.module, self.device_type, self.switches = module, device_type, switches
+
+    def forward(self, *args, **kwargs):
+        with _autocast(self.device_type, self.switches):
+            return self.module(*args, **kwargs)
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
@@ -240,7 +277,8 @@ def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
     """The epoch loop: train `epochs` (e.g. `range(10)`) with `step(x, y) -> (loss
     sum, correct)`, timed with `devices` synchronized; yield `result` after each epoch
     for the caller to evaluate, save or plot. A diverged run ends with status
-    "diverged". DDP's `reduce` sums `[loss sum, correct, samples]` across processes."""
+    "diverged", a failed evaluation with "failed". DDP's `reduce` sums `[loss sum,
+    correct, samples]` across processes."""
     for epoch in epochs:
         if hasattr(train_iter, "set_epoch"):
             train_iter.set_epoch(epoch)  # DDP: this epoch's shard (DistributedSampler)
@@ -264,17 +302,26 @@ def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
         result.epoch_seconds.append(t.seconds)
         result.images_per_second.append(n / t.seconds)
         yield result
+        if result.status != "ok":      # the caller's evaluation failed
+            return
 
 
 @contextmanager
-def cudnn_benchmark(on: bool):
-    """Let cuDNN time its convolution algorithms for these shapes, then restore the setting."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on
+def backends(switches: Switches):
+    """cuDNN's algorithm search (`cudnn.benchmark`) as the switches say, and TF32 for
+    convolutions and matmuls where they ask for it (else torch's defaults), restored after."""
+    flags = [(torch.backends.cudnn, "benchmark", switches.cudnn_benchmark)]
+    if switches.tf32:
+        flags += [(torch.backends.cudnn, "allow_tf32", True),
+                  (torch.backends.cuda.matmul, "allow_tf32", True)]
+    before = [getattr(obj, name) for obj, name, _ in flags]
+    for obj, name, on in flags:
+        setattr(obj, name, on)
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = before
+        for (obj, name, _), value in zip(flags, before):
+            setattr(obj, name, value)
 
 
 def load_data(config: TrainConfig, device, switches: Switches):
@@ -290,58 +337,119 @@ def load_data(config: TrainConfig, device, switches: Switches):
 
 
 def build_model(config: TrainConfig, devices, switches: Switches):
-    """`(net, model)`: the initialized network, and what runs it (compiled, DataParallel)."""
-    if switches.compile and len(devices) > 1:
-        raise ValueError("compile=True needs a single device: DataParallel replicates the "
-                         "module every step")
+    """`(net, model)`: the initialized network on `devices[0]`, and DataParallel over it."""
     net = prepare_model(make_model(config, devices[0]), switches)   # the chapter forgot .to()
+    return net, nn.DataParallel(replicated(net, switches), device_ids=devices)
+
+
+def replicated(net: nn.Module, switches: Switches) -> nn.Module:
+    """What DataParallel replicates: `net`, compiled if asked, entering the run's autocast in
+    each replica's own thread (`Autocast`) when the run computes in bf16 or fp16."""
     model = torch.compile(net) if switches.compile else net
-    return net, nn.DataParallel(model, device_ids=devices)   # a pass-through without CUDA
+    if switches.bf16 or switches.fp16:
+        model = Autocast(model, next(net.parameters()).device.type, switches)
+    return model
+
+
+class _Stderr:
+    """The bar's stream: a failed write (a full disk, a closed pipe) turns the bar off, never
+    the run (issue 52: `2> /dev/full` had cost the result)."""
+
+    def __init__(self):
+        self.ok = True
+
+    def write(self, text: str) -> None:
+        try:
+            if self.ok:
+                sys.stderr.write(text)
+        except (OSError, ValueError):
+            self.ok = False
+
+    def flush(self) -> None:
+        self.write("")
+        try:
+            if self.ok:
+                sys.stderr.flush()
+        except (OSError, ValueError):
+            self.ok = False
 
 
 def progress_bar(steps: int, desc: str = "train", disable: bool = False):
     """A tqdm bar over `steps` steps (a widget in notebooks, text in a terminal)."""
     return tqdm(total=steps, desc=desc, unit="step", leave=False, mininterval=0.5,
-                disable=disable)
+                disable=disable, file=_Stderr())
+
+
+class Shown:
+    """`batches` (a loader) with a progress bar over `epochs` passes of it; `len` and
+    `set_epoch` pass through, so `fit` takes it as it takes the loader."""
+
+    def __init__(self, batches, epochs: int, show: bool = True):
+        self.batches, self.bar = batches, progress_bar(len(batches) * epochs, disable=not show)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getattr__(self, name):           # set_epoch, source, batch_size, ...
+        return getattr(self.batches, name)
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield batch
+            self.bar.update(1)
+
+    def __enter__(self) -> "Shown":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
+def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches) -> None:
+    """Append the epoch's test accuracy (eval mode) and BatchNorm's readings to `r`. An
+    evaluation that fails (out of memory) ends the run as "failed" with its cause in
+    `r.extra["error"]`, and its trained epochs are kept (issue 52)."""
+    try:
+        acc = evaluate_accuracy(net, test_iter, switches=switches)
+        readings = bn_accuracies(net, test_iter, sample)        # on a copy of net
+    except (RuntimeError, MemoryError) as e:
+        r.status = "failed"
+        r.extra["error"] = f"evaluation failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+        return
+    r.test_acc.append(acc)
+    for key, value in readings.items():
+        getattr(r, key).append(value)
+
+
+def sgd(parameters, lr: float, steps_per_epoch: int) -> torch.optim.Optimizer:
+    """The chapter's optimizer: plain SGD (`steps_per_epoch` is for schedules)."""
+    return torch.optim.SGD(parameters, lr=lr)
 
 
 def train(config: TrainConfig, *, data=None, progress: bool = True,
-          on_epoch: Optional[Callable[[TrainResult], None]] = None,
-          make_optimizer: Optional[Callable] = None, extra: Optional[dict] = None
-          ) -> TrainResult:
+          on_epoch: Optional[Callable] = None, make_optimizer: Callable = sgd) -> TrainResult:
     """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices;
     returns a `TrainResult` (`.summary()` is the chapter's line). `data`: `(train_iter,
     test_iter)` (default: loaded from `config`); `on_epoch(result)` after each epoch (a
-    live plot); `make_optimizer(parameters, steps_per_epoch)` (default: the chapter's
-    SGD at `config.lr`); `extra`: more entries for `result.extra`."""
+    live plot); `make_optimizer(parameters, lr, steps_per_epoch)`: default `sgd`."""
     devices = resolve_devices(config.devices)
-    switches = resolve_switches(config, devices[0])
-    train_iter, test_iter = data or load_data(config, devices[0], switches)
-    _, model = build_model(config, devices, switches)
-    optimizer = (make_optimizer(model.parameters(), len(train_iter)) if make_optimizer
-                 else torch.optim.SGD(model.parameters(), lr=config.lr))
+    device = devices[0]                       # DataParallel scatters from and gathers here
+    switches = resolve_switches(config, device)
+    train_iter, test_iter = data or load_data(config, device, switches)
+    net = prepare_model(make_model(config, device), switches)  # the chapter forgot .to()
+    model = nn.DataParallel(replicated(net, switches), device_ids=devices)
+    optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
     result = TrainResult.create(config, hardware=describe_devices(devices),
                                 num_devices=len(devices),
                                 data_source=getattr(train_iter, "source", "custom"),
                                 steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict(),
-                                       **(extra or {})})
-    step = make_step(model, optimizer, nn.CrossEntropyLoss(), devices[0], switches)
+                                extra={"switches": switches.to_dict()})
+    step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
-    bar = progress_bar(len(train_iter) * config.num_epochs, disable=not progress)
-
-    def step_and_show(x, y):
-        bar.update(1)
-        return step(x, y)
-    with bar, cudnn_benchmark(switches.cudnn_benchmark):
-        epochs = range(config.num_epochs)
-        for r in fit(step_and_show, train_iter, result, epochs, devices):
-            r.test_acc.append(evaluate_accuracy(model, test_iter, switches=switches))
-            # BatchNorm's statistics, checked on a copy of the model
-            for key, value in bn_accuracies(model, test_iter, sample).items():
-                getattr(r, key).append(value)
-            bar.set_postfix(loss=f"{r.train_loss[-1]:.3f}",
-                            test_acc=f"{r.test_acc[-1]:.3f}")
+    epochs = range(config.num_epochs)
+    with backends(switches), Shown(train_iter, len(epochs), progress) as shown:
+        for r in fit(step, shown, result, epochs, devices):
+            evaluate(r, net, test_iter, sample, switches)
             if on_epoch is not None:
                 on_epoch(r)
     return result

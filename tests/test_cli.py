@@ -19,7 +19,8 @@ from mgpu_lib.book import cli as cli
 from mgpu_lib.book import store as results
 from mgpu_lib.book import sweep as sweeps
 from mgpu_lib.data import DataError, load_raw
-from mgpu_lib.config import declared, flag_name, setting
+from mgpu_lib.config import setting
+from mgpu_lib.ddp import flag_name
 from mgpu_lib.book.sweep import MAX_POINTS, NONNEGATIVE_NUMBER, expand, load_store
 from mgpu_lib.training import TrainConfig
 
@@ -52,31 +53,34 @@ def sweep_args(tmp_path, *extra):
 
 @dataclasses.dataclass(frozen=True)
 class WithMomentum(TrainConfig):
-    """TrainConfig plus one setting: the one edit a new setting takes."""
-    momentum: float = setting(0.0, NONNEGATIVE_NUMBER, "SGD momentum")
+    """TrainConfig plus one setting: the field, and its range where settings are checked."""
+    momentum: float = setting(0.0, "SGD momentum")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be from 0 to below 1, got {self.momentum!r}")
 
 
-def test_a_new_field_is_a_validated_flag_and_a_vary_key(capsys):
+def test_a_new_field_is_a_checked_flag_and_a_vary_key(capsys):
     parser = cli.build_parser(WithMomentum)
     args = parser.parse_args(["train", "--profile", "smoke", "--momentum", "0.9"])
     config = cli.config_from_args(args)
     assert isinstance(config, WithMomentum) and config.momentum == 0.9
     assert config.width == 8                           # the profile's, not overridden
     with pytest.raises(SystemExit) as e:
-        parser.parse_args(["train", "--momentum", "-1"])
-    assert e.value.code == 2
-    assert "argument --momentum: must be a finite number >= 0, got '-1'" in one_line(
-        capsys.readouterr().err)
-    with pytest.raises(ValueError, match="momentum must be a finite number >= 0"):
-        WithMomentum(momentum=float("nan"))
+        parser.parse_args(["train", "--momentum", "abc"])
+    assert e.value.code == 2 and "--momentum" in one_line(capsys.readouterr().err)
+    with pytest.raises(ValueError, match="momentum must be"):
+        cli.config_from_args(parser.parse_args(["train", "--momentum", "-1"]))
     args = parser.parse_args(["sweep", "--vary", "momentum=0,0.9", "--store", "x.jsonl"])
     assert args.vary == [("momentum", [0.0, 0.9])]
 
 
 def test_every_config_flag_comes_from_its_field():
     flags = {a.dest: a for a in subcommand("train")._actions}
-    for f in declared(TrainConfig):
-        if f.metadata["cli"]:
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata.get("cli", True):
             assert flag_name(f) in flags[f.name].option_strings, f.name
             assert flags[f.name].help == f.metadata["help"]
     for name in ("positive_int", "positive_float", "nonnegative_float"):   # the hand validators
@@ -138,9 +142,9 @@ def test_a_repeated_vary_key_merges_its_values(tmp_path, capsys, planned, varies
     ("seed=1,2", "use --seeds"),
     ("seeds=1,2", "use --seeds"),
     ("momentum=0.9", "unknown key 'momentum'; known keys: devices, batch_size, lr"),
-    ("lr=fast", "lr: must be a positive number, got 'fast'"),
-    ("nprocs=-1", "nprocs: must be an integer >= 0"),
-    ("fast=maybe", "fast: must be true or false"),
+    ("lr=fast", "lr"),
+    ("nprocs=-1", "nprocs"),
+    ("fast=maybe", "fast"),
 ])
 def test_a_bad_vary_key_or_value_is_one_line(tmp_path, capsys, planned, vary, message):
     """Before: seed=1,2 was a TypeError traceback; momentum said 'must be a positive integer'."""
@@ -148,15 +152,16 @@ def test_a_bad_vary_key_or_value_is_one_line(tmp_path, capsys, planned, vary, me
     assert code == 2 and message in one_line(err) and not planned
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--seed", "1e23"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
-    (["train", "--seed", str(10 ** 23)], "argument --seed: must be an integer"),
-    (["train", "--seed", "-1"], "argument --seed: must be an integer"),
-    (["train", "--data-source", "web"], "argument --data-source: must be one of auto, local"),
+@pytest.mark.parametrize("argv, name", [
+    (["train", "--seed", "1e23"], "seed"),
+    (["train", "--seed", str(10 ** 23)], "seed"),
+    (["train", "--seed", "-1"], "seed"),
+    (["train", "--data-source", "web"], "data"),
 ])
-def test_bad_flag_values_name_the_flag(capsys, argv, message):
-    code, _, err = run(capsys, *argv)
-    assert code == 2 and message in one_line(err)
+def test_bad_flag_values_are_one_line_that_names_the_setting(capsys, argv, name):
+    """Behaviour, not wording (issue 50): exit 2, one line, the setting named, nothing run."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and name in one_line(err) and not out
 
 
 def test_bad_seeds_name_the_flag(tmp_path, capsys, planned):

@@ -60,11 +60,14 @@ def test_dataparallel_over_two_gpus_raises_when_the_module_stayed_on_the_cpu():
         dp(torch.rand(8, 1, 28, 28, device="cuda:0"))
 
 
-def test_auto_picks_bf16_exactly_from_compute_capability_8():
+def test_auto_picks_a_reduced_precision_only_where_a_record_measured_it_faster():
+    from mgpu_lib.devices import measured_precision
     device = torch.device("cuda:0")
     native = torch.cuda.get_device_capability(device) >= (8, 0)
     assert native_bf16(device) == native
-    assert resolve_switches(TrainConfig(), device).bf16 == native
+    chosen = resolve_switches(TrainConfig(), device)
+    assert chosen.bf16 == (native and measured_precision(device, 64) == "bf16")
+    assert chosen.tf32 == native
     assert resolve_switches(TrainConfig(bf16=False), device).bf16 is False
     assert resolve_switches(TrainConfig(fast=False), device) == REFERENCE
 

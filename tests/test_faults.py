@@ -1,8 +1,11 @@
 """Faults from the DDP issue, one test each: what used to go wrong (each docstring's "Before"),
 and what happens now. DDP jobs are tiny (width 4, 400 images, gloo on the CPU)."""
 import _pickle
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -477,3 +480,150 @@ def test_a_trace_never_replaces_what_is_not_a_file(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="a trace would replace it") as e:
             trace.trace_ddp(config, 2, out=out)
         assert "\n" not in str(e.value) and os.path.lexists(path) and not path.is_file()
+
+
+# ---- issue 52: the DDP program run directly, as page 05 teaches it --------------------------
+
+def torchrun(*flags) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "mgpu_lib.ddp", "--width", "4", "--train-limit", "400", "--test-limit", "100",
+            "--batch-size", "32", "--lr", "0.05", "--data-source", "synthetic", *flags]
+
+
+@pytest.mark.slow
+def test_the_ddp_program_leaves_a_notebook_named_as_out_untouched(tmp_path):
+    """Before (issue 52): `torchrun ... -m mgpu_lib.ddp --out nb.ipynb` replaced the notebook
+    with the run's result; `train --out` refused it. Now the program checks --out at its entry
+    with the same check, before any rank trains."""
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                              "nbformat_minor": 5}, indent=1), encoding="utf-8")
+    before = nb.read_bytes()
+    done = subprocess.run(torchrun("--epochs", "1", "--out", str(nb)), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and nb.read_bytes() == before
+    assert "will not replace" in done.stdout + done.stderr
+    assert "epoch 1/1" not in done.stdout                     # refused before training
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name == "nt", reason="a rank sees its parent's death by its pid (POSIX)")
+def test_no_rank_outlives_a_killed_torchrun(tmp_path):
+    """Before (issue 52): SIGKILL to a directly run torchrun left both ranks training,
+    re-parented to PID 1; they wrote `ck/last.pt` after the command died. Now each rank exits
+    when its parent is gone: none is alive 10 s later, and nothing new is written."""
+    ck, out = tmp_path / "ck", tmp_path / "r.json"
+    proc = subprocess.Popen(torchrun("--epochs", "500", "--checkpoint", str(ck), "--out",
+                                     str(out)), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: (ck / "last.pt").exists(), 120), "no epoch was saved"
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "mgpu_lib.ddp" in " ".join(p.cmdline())]
+        assert len(ranks) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        saved = (ck / "last.pt").stat().st_mtime_ns
+        time.sleep(10)
+        assert not [p.pid for p in ranks if alive(p.pid)]
+        assert (ck / "last.pt").stat().st_mtime_ns == saved and not out.exists()
+        assert sorted(os.listdir(ck)) == ["last.pt"]
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_bad_value_to_the_ddp_program_is_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0"}
+    done = subprocess.run([sys.executable, "-m", "mgpu_lib.ddp", "--lr", "abc"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--lr" in done.stderr
+
+
+def test_a_job_has_no_hidden_wall_clock_limit():
+    """Before (issue 52): `launch` stopped every DDP job after 3,600 s, whatever it was doing,
+    and blamed a rank. Now no limit applies unless a caller names one. Shrunk to seconds: a
+    job under a 1 s cap is cut off; a 3 s job with the default ends normally."""
+    import inspect
+    assert inspect.signature(launcher.launch).parameters["timeout_s"].default is None
+    assert inspect.signature(launcher.run_ranks).parameters["timeout_s"].default is None
+    def job(seconds: int) -> list:
+        return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
+    with pytest.raises(launcher.LaunchError, match="timed out after 1 s"):
+        launcher.supervise(job(60), dict(os.environ), 1.0)
+    assert launcher.supervise(job(3), dict(os.environ), None).code == 0
+
+
+@pytest.mark.slow
+def test_a_ddp_train_passes_no_wall_clock_limit_and_ends_with_its_result(tmp_path, monkeypatch):
+    seen, real = [], launcher.supervise
+
+    def supervise(cmd, env, timeout_s, *args, **kwargs):
+        seen.append(timeout_s)
+        return real(cmd, env, timeout_s, *args, **kwargs)
+    monkeypatch.setattr(launcher, "supervise", supervise)
+    out = tmp_path / "r.json"
+    assert main(ddp_train("--epochs", "1", "--out", str(out))) == 0
+    assert seen == [None] and load_result(out).status == "ok"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stderr_never_costs_the_result(tmp_path):
+    """Before (issue 52): `train ... --out m.json 2> /dev/full` exited 1 with no m.json: the
+    progress bar's first write raised ENOSPC. Now a failed write turns the bar off."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "mgpu_lib", "train", "--profile", "smoke",
+                               "--width", "4", "--train-limit", "200", "--test-limit", "100",
+                               "--epochs", "2", "--data-source", "synthetic", "--out", "m.json"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=full, text=True,
+                              timeout=300)
+    assert done.returncode == 0, done.stdout
+    assert load_result(tmp_path / "m.json").status == "ok"
+
+
+def test_channels_last_where_it_crashes_is_refused_in_one_line(capsys):
+    """Before (issue 52): `--channels-last on` at width 2 segfaulted (oneDNN, rc 139)."""
+    if torch.cuda.is_available():
+        pytest.skip("the crash is the CPU's")
+    assert main(["train", "--profile", "smoke", "--width", "2", "--channels-last", "on"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--channels-last on" in err
+
+
+def test_trace_out_never_takes_over_a_folder_of_other_files(tmp_path, capsys):
+    """Before (issue 52): `trace --out myproj` replaced a user's events.json and two JSON files
+    under one_bucket/ without a word."""
+    proj = tmp_path / "myproj"
+    (proj / "one_bucket").mkdir(parents=True)
+    (proj / "events.json").write_text('{"mine": 1}', encoding="utf-8")
+    (proj / "one_bucket" / "rank0.json").write_text("{}", encoding="utf-8")
+    before = {p: p.read_bytes() for p in proj.rglob("*.json")}
+    assert main(["trace", "--profile", "smoke", "--out", str(proj)]) == 2
+    assert "not this command's traces" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in proj.rglob("*.json")} == before
+    cli.check_trace_folder(tmp_path / "new")                 # a new folder is fine
+    ours = tmp_path / "ours"
+    (ours / "v").mkdir(parents=True)
+    (ours / "events.json").write_text(json.dumps({"hardware": "cpu", "nprocs": 2, "ranks": []}),
+                                      encoding="utf-8")
+    (ours / "v" / "rank0.json").write_text("{}", encoding="utf-8")
+    cli.check_trace_folder(ours)                             # its own earlier traces: fine
+
+
+def test_the_rank_that_failed_first_is_named_not_the_survivor_torchrun_stopped(tmp_path):
+    """Before (issue 52): SIGTERM to rank 1 was reported as "DDP rank 0 failed: Signal 15" in 2
+    of 2 runs: torchrun SIGTERMs the survivor, both end on signal 15 with no error file, and
+    the lower rank won the tie. torchrun says which processes it stopped; those come last."""
+    from mgpu_lib.lab.failures import Ended, failure, read_failures
+    lines = ["W1205 torch/distributed/elastic/multiprocessing/api.py:1029] Sending process 222 "
+             "closing signal SIGTERM",
+             "Failures:", "[1]:", "  rank      : 0 (local_rank: 0)",
+             "  exitcode  : -15 (pid: 222)", "Root Cause (first observed failure):", "[0]:",
+             "  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 333)"]
+    ended = Ended(1, lines)
+    message = str(failure(read_failures(tmp_path, ended), ended))
+    assert message.startswith("DDP rank 1 failed") and "SIGTERM" in message

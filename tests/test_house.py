@@ -2,9 +2,11 @@
 import-linter's contracts (pyproject.toml), no package import hidden in a function, and no
 print outside the command line."""
 import ast
+import io
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mgpu_lib"
 LINT = Path(sys.executable).with_name("lint-imports")
-CORE_MODULES, CORE_LINES = 10, 1673       # issues 29, 37: the core a learner opens shrinks
-PACKAGE_LINES = 7355      # issue 37: a ratchet; the package only grows by raising it on purpose
+# Issue 50: the core (mgpu_lib/*.py but __init__ and __main__) is counted in lines of code, not
+# docstrings, comments or blank lines (docstrings are what a learner keeps). DESIGN.md's ceiling
+# is 800; CORE_CODE_LINES is a ratchet on the way there, lowered with each move, never raised.
+CORE_MODULES, CORE_CODE_LINES, CORE_CEILING = 9, 1205, 800
+PACKAGE_LINES = 7634      # a ratchet; the package only grows by raising it on purpose
 
 
 def library() -> list[Path]:
@@ -46,12 +51,47 @@ def test_a_core_module_importing_the_machinery_breaks_a_contract(tmp_path):
     assert "mgpu_lib.training -> mgpu_lib.book.store" in done.stdout
 
 
+def code_lines(path: Path) -> int:
+    """Lines of code in `path`: lines with a token other than a comment, less docstrings."""
+    src = path.read_text(encoding="utf-8")
+    docs = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = set()
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER)
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type not in skip:
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - docs)
+
+
+def core() -> list[Path]:
+    return [p for p in sorted(PACKAGE.glob("*.py")) if p.stem not in ("__init__", "__main__")]
+
+
 def test_the_core_is_small():
-    core = [p for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
-    lines = sum(len(p.read_text(encoding="utf-8").splitlines())
-                for p in PACKAGE.glob("*.py"))
-    assert len(core) <= CORE_MODULES, sorted(p.stem for p in core)
-    assert lines <= CORE_LINES
+    code = sum(code_lines(p) for p in core())
+    assert len(core()) <= CORE_MODULES, [p.stem for p in core()]
+    assert code <= CORE_CODE_LINES, f"{code} lines of code in the core, ratchet {CORE_CODE_LINES}"
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blanks(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""Doc\nstring."""\n\n# a comment\ndef f(x):\n    """Doc."""\n'
+                 '    return (x +\n            1)  # why\n', encoding="utf-8")
+    assert code_lines(f) == 3
+
+
+def test_argparse_is_imported_only_by_the_cli_and_programs():
+    for path in library():
+        text = path.read_text(encoding="utf-8")
+        if "import argparse" in text:
+            assert path.name in ("cli.py", "flags.py") or '__name__ == "__main__"' in text, path
 
 
 def test_the_package_does_not_grow():

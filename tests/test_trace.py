@@ -220,12 +220,17 @@ def test_cli_refuses_bad_input_in_one_line(argv, words, tmp_path, capsys):
     assert code == 2 and words in err and len(err.splitlines()) == 1
 
 
-def test_a_bucket_cap_past_one_bucket_is_refused():
-    """Any cap above the model's gradients is one bucket; DDP's byte count overflows near 1e300."""
+def test_a_bucket_cap_past_one_bucket_is_refused_where_it_enters(capsys):
+    """Any cap above the model's gradients is one bucket; DDP's byte count overflows near 1e300.
+    The command line refuses it in one line (exit 2), before any process starts."""
+    from mgpu_lib.book.cli import main
     assert Variant("one", ONE_BUCKET_MB).bucket_cap_mb == ONE_BUCKET_MB
-    for cap in (1e308, float("inf"), float("nan"), 0, -1):
-        with pytest.raises(ValueError, match="bucket_cap_mb must be a number of MiB"):
-            Variant("v", cap)
+    for cap in ("1e308", "inf", "nan", "0", "-1"):
+        with pytest.raises(SystemExit) as e:
+            main(["trace", "--profile", "smoke", "--bucket-cap-mb", cap])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--bucket-cap-mb" in err
 
 
 # ---- two real gloo processes ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 from mgpu_lib.book.cli import TIMEOUT, Parser, sigterm_interrupts
-from mgpu_lib.config import COUNT
+from mgpu_lib.book.flags import COUNT
 
 MACHINE_PATH = re.compile(r"(/root/|/tmp/|/work/|/home/|/Users/|[A-Z]:\\\\Users)")
 WIDGET = "application/vnd.jupyter.widget-view+json"

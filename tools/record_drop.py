@@ -13,7 +13,7 @@ import sys
 
 from mgpu_lib.book.cli import Parser, seed_list
 from mgpu_lib.book.store import append, check_writable, read
-from mgpu_lib.config import COUNT, POSITIVE_INT, POSITIVE_NUMBER
+from mgpu_lib.book.flags import COUNT, POSITIVE_INT, POSITIVE_NUMBER
 from mgpu_lib.lab.bench import check_fits
 from mgpu_lib.data import DataError
 from mgpu_lib.devices import DeviceError

@@ -31,21 +31,28 @@ from ..lab.bench import bench, check_fits, format_bench
 from ..data import DataError
 from .. import ddp
 from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S
-from ..devices import DeviceError, num_gpus
+from ..devices import DeviceError, num_gpus, try_gpu
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import Output, ResultsError, append, check_writable
-from ..config import AUTO, COUNT, POSITIVE_INT, Check, add_flags, is_number, on_cli
+from ..config import AUTO, channels_last_safe, is_number
+from ..ddp import add_flags
+from .flags import COUNT, POSITIVE_INT, Check, on_cli
 from ..lab import checkpoints
 from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
-from ..lab.trace import BUCKET_CAP, Variant, summary_lines, trace_ddp
+from ..lab.trace import ONE_BUCKET_MB, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
 
 WEEK_S = 7 * 24 * 3600          # a longer timeout is a typo: 1e10 s overflows torch's timers
 TIMEOUT = Check(f"a number of seconds above 0, at most {WEEK_S:,} (a week)",
                 lambda v: is_number(v) and 0 < v <= WEEK_S, float, "S")
+# A cap above the model's gradients is one bucket, so larger caps change nothing; DDP turns the
+# cap into a byte count, which overflows near 1e300.
+BUCKET_CAP = Check(f"a number of MiB above 0 and at most {ONE_BUCKET_MB:g} (one bucket for "
+                   f"any model here)", lambda v: is_number(v) and 0 < v <= ONE_BUCKET_MB,
+                   float, "MIB")
 BF16_FLAG = {"auto": AUTO, "on": True, "off": False}    # a --bf16 value as a config value
 
 
@@ -172,6 +179,9 @@ def config_from_args(args) -> TrainConfig:
                  if getattr(args, f.name, None) is not None}
     config = profile.config(config, **overrides)
     check_fits(config.width, config.batch_size, config.devices)   # one line, before allocating
+    if config.channels_last is True and not channels_last_safe(try_gpu().type, config.width):
+        raise ValueError(f"--channels-last on crashes oneDNN on a CPU below width 16 (here "
+                         f"{config.width}; torch 2.14): leave it auto or off")
     return config
 
 
@@ -306,6 +316,30 @@ def cmd_pages(args) -> int:
     return 0
 
 
+def check_trace_folder(out) -> None:
+    """`trace --out` writes into a new folder, or one that holds this command's own earlier
+    traces (an `events.json` of a trace run, the variants' rank*.json), never another
+    folder's files (issue 52: it had replaced a user's events.json without a word)."""
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is not a folder; name a new folder for the traces")
+    files = [f for f in out.rglob("*") if not f.is_dir()]
+    if not files:
+        return
+    try:
+        ours = set(json.loads((out / "events.json").read_text(encoding="utf-8"))) >= {
+            "hardware", "nprocs", "ranks"}
+    except (OSError, ValueError, TypeError):
+        ours = False
+    strays = [f for f in files if f.name != "events.json" and not (
+        f.parent.parent == out and f.name.startswith("rank") and f.suffix == ".json")]
+    if not ours or strays:
+        raise ValueError(f"--out {out} holds files that are not this command's traces; name a "
+                         f"new folder (or one with earlier traces alone)")
+
+
 def cmd_trace(args) -> int:
     """Trace DDP steps; print what the traces measured and where they are."""
     config = (get_profile(args.profile) if args.profile else active_profile()).config()
@@ -316,6 +350,7 @@ def cmd_trace(args) -> int:
         name = f"bucket cap {args.bucket_cap_mb:g} MiB" + (
             f", no_sync x{args.accumulate}" if args.accumulate > 1 else "")
         variants = [Variant(name, args.bucket_cap_mb, args.accumulate)]
+    check_trace_folder(args.out)
     check_writable(Path(args.out) / "events.json")
     try:
         run = trace_ddp(config, args.nprocs, variants, out=args.out, active=args.steps,

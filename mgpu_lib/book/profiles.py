@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import TrainConfig
+from ..config import TrainConfig, resolve_switches
 from ..lab.files import code_version
-from ..devices import autocast_dtype, describe_devices, try_gpu
+from ..devices import describe_devices, try_gpu
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,7 @@ def banner(profile: Profile | None = None) -> str:
     """Short lines for a notebook's setup cell: the profile; the hardware and the precision the
     fast path picks on it; the mgpu_lib it runs (the version a Colab page installed)."""
     p = profile or active_profile()
-    precision = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler"}.get(
-        autocast_dtype(try_gpu()), "fp32")
+    precision = resolve_switches(p.train, try_gpu()).precision    # what "auto" picks here
     version = code_version()
     library = f"mgpu_lib {version['mgpu_lib'] or '(version unknown)'}" + (
         f", git {version['git']}" if version["git"] else "")

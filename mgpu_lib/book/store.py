@@ -20,9 +20,9 @@ from typing import Optional, Sequence
 
 from filelock import FileLock
 
-from ..config import _is_int
+from ..config import _int as _is_int
 from ..lab.files import file_kind, stamp, write_atomic, write_fully
-from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult
+from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, check_out
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
 MAX_RESULT_BYTES = 16 << 20   # a larger file is no run's result (a checkpoint, a data set)
@@ -118,8 +118,16 @@ def _keep(text: str, path: Path, error: OSError) -> ResultsError:
 
 
 def _check_replaceable(path: Path, shown: str) -> None:
-    """Refuse to replace anything but an earlier run's result or an empty file."""
+    """Refuse to replace anything but an earlier run's result or an empty file: the core's
+    `check_out` (the DDP program's too), then what a store line or a partial result is."""
     what = "it is not a JSON document (a checkpoint? notes?)"
+    try:
+        check_out(path)
+    except ValueError:
+        data = path.read_bytes() if path.stat().st_size <= MAX_RESULT_BYTES else b""
+        what = (_what_json(data, path) or what) if data else what
+        raise ResultsError(f"will not replace {shown}: {what}; an output holds one run's "
+                           f"result, so name another file or remove this one") from None
     if path.stat().st_size <= MAX_RESULT_BYTES:
         data = path.read_bytes()
         if not data.strip():

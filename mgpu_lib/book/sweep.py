@@ -13,6 +13,7 @@ epochs of a longer run *are* a k-epoch run: such a point is derived by truncatio
 (its record says `derived_from`)."""
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 import json
@@ -26,7 +27,9 @@ import torch
 from . import store as results
 from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
-from ..config import COUNT, SEED, Check, Switches, flag_name, is_number, on_cli
+from ..config import Switches
+from ..ddp import flag_name
+from .flags import COUNT, NONNEGATIVE_NUMBER, SEED, Check, on_cli, read_setting
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
@@ -36,7 +39,6 @@ from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
 
 # Sweep axes that are not TrainConfig fields, with their checks: a linear lr warmup (epochs),
 # and DDP processes through `ddp.launch` (0 = the DataParallel `train`).
-NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: is_number(v) and v >= 0, float, "X")
 OPTIONS = {"warmup_epochs": NONNEGATIVE_NUMBER, "nprocs": COUNT}
 # config fields that only choose the fast path's switches (the chapter's loop ignores them)
 SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
@@ -108,9 +110,11 @@ def parse_seeds(text: str) -> list[int]:
     return [s for first, last in ranges for s in range(first, last + 1)]
 
 
-def vary_keys(config=TrainConfig) -> dict[str, Check]:
-    """Every --vary key and its check: the config's flags (seeds have --seeds) and the options."""
-    return {f.name: f.metadata["check"] for f in on_cli(config) if f.name != "seed"} | OPTIONS
+def vary_keys(config=TrainConfig) -> dict[str, Callable[[str], object]]:
+    """Every --vary key and how its text is read: the config's flags (seeds have --seeds), each
+    as its flag reads it (the config checks the range), and the options, by their checks."""
+    return ({f.name: functools.partial(read_setting, f) for f in on_cli(config)
+             if f.name != "seed"} | {k: check.parse for k, check in OPTIONS.items()})
 
 
 def parse_vary(text: str, config=TrainConfig) -> tuple:
@@ -127,7 +131,7 @@ def parse_vary(text: str, config=TrainConfig) -> tuple:
     if not sep or not values:
         raise ValueError(f"expected NAME=V1,V2,..., got {text!r}")
     try:
-        return name, [keys[name].parse(v) for v in values.split(",")]
+        return name, [keys[name](v) for v in values.split(",")]
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
 

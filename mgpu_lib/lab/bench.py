@@ -28,7 +28,7 @@ from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, prepare_model, resolve_switches
 from .d2l import chapter_step
 from .files import record_header as header
-from ..training import TrainConfig, cudnn_benchmark, make_model, make_step
+from ..training import TrainConfig, backends, make_model, make_step
 
 
 def cpu_bf16_support(flags: Optional[set] = None) -> str:
@@ -87,7 +87,7 @@ def _mode(switches: Switches, width: int, images, labels, batch: int, device,
 
     def run(steps: int) -> float:
         net.train()
-        with cudnn_benchmark(switches.cudnn_benchmark):
+        with backends(switches):
             return images_per_second(batches, steps, device, step)
     return run
 

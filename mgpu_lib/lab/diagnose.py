@@ -20,7 +20,6 @@ from ..data import chapter_loader
 from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
-from ..config import COUNT, POSITIVE_INT, Check, one_of
 from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
                             dp_python_s, pair_link, predict_step_time)
 
@@ -42,19 +41,6 @@ class Facts:
     cpu_cores: int = 1
     loader_workers: int = 0
     width: int = 64
-
-    def __post_init__(self):
-        """A described machine that cannot be is a one-line ValueError, not a wrong diagnosis."""
-        if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
-            raise ValueError(f"devices must be a tuple of device names, got {self.devices!r}")
-        for name, check in (("global_batch", POSITIVE_INT), ("cpu_cores", POSITIVE_INT),
-                            ("width", POSITIVE_INT), ("loader_workers", COUNT),
-                            ("strategy", one_of("dp", "ddp"))):
-            check.check(name, getattr(self, name))
-        for name in ("loader_images_per_s", "train_images_per_s", "outside_s", "compute_s"):
-            value = getattr(self, name)
-            if value is not None:
-                _TIMING.check(name, value)
 
 
 @dataclass(frozen=True)
@@ -94,8 +80,6 @@ class Machine:
         return compute_rate(self.spec, workload(self.width), o.efficiency)
 
 
-_TIMING = Check("a positive finite number or None", lambda v: isinstance(v, (int, float)) and
-                not isinstance(v, bool) and 0 < v < float("inf"), float)
 # words a device name may carry beside the datasheet's: the vendor, the brand, the memory type
 _NOISE = {"NVIDIA", "TESLA", "GEFORCE", "HBM2", "HBM2E", "HBM3", "HBM3E"}
 

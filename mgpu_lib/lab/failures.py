@@ -19,6 +19,8 @@ from ..ddp import RankInputError
 
 # torchrun's report of a failed rank (torch's ChildFailedError, unchanged since torch 1.9)
 REPORT = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+# torchrun's warning as it stops the survivors of a failed rank (its api.py, since torch 1.9)
+CLOSING = re.compile(r"Sending process (\d+) closing signal")
 
 
 class LaunchError(RuntimeError):
@@ -52,7 +54,8 @@ def failure(failures: list, ended: Ended) -> Exception:
     `LaunchError`."""
     if not failures:
         return LaunchError(f"DDP job failed (exit code {ended.code}): {ended.last}")
-    first = min(failures, key=lambda f: _blame(f, ended.stopped))
+    closed = {int(pid) for pid in CLOSING.findall("\n".join(ended.lines))}
+    first = min(failures, key=lambda f: _blame(f, ended.stopped, closed))
     (name, text), rank = _exception(first), first.local_rank
     if name.split(".")[-1] == RankInputError.__name__:
         return RankInputError(f"DDP rank {rank} failed: {text}")
@@ -65,14 +68,16 @@ def failure(failures: list, ended: Ended) -> Exception:
         f"{name}: {text}" if name else text, 400, placeholder=" ..."))
 
 
-def _blame(f: ProcessFailure, stopped: set) -> tuple:
-    """Sorts the rank to blame first: it refused its input; we did not kill it; a signal nobody
-    in the job sent ended it (torchrun sends SIGTERM); its error came earliest."""
+def _blame(f: ProcessFailure, stopped: set, closed: frozenset = frozenset()) -> tuple:
+    """Sorts the rank to blame first: it refused its input; we did not kill it; torchrun did not
+    stop it as a survivor (`closed`: their pids); a signal nobody in the job sent ended it
+    (torchrun sends SIGTERM); its error came earliest."""
     wrote = os.path.isfile(f.error_file)
     refused = _exception(f)[0].split(".")[-1] == RankInputError.__name__
     signalled = not wrote and f.exitcode < 0 and f.exitcode != -SIGTERM
     at_ns = os.stat(f.error_file).st_mtime_ns if wrote else f.timestamp * 10**9
-    return not refused, f.local_rank in stopped, not signalled, at_ns, f.local_rank
+    return (not refused, f.local_rank in stopped, f.pid in closed, not signalled, at_ns,
+            f.local_rank)
 
 
 def _exception(f: ProcessFailure) -> tuple:

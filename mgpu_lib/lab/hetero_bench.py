@@ -23,8 +23,8 @@ from ..devices import cpu_name, describe_devices, num_gpus, timed
 from ..hetero import HeteroDataParallel, forward_backward
 from ..perf.split_time import predict_hetero_step
 from ..split import split_sizes
-from ..training import (TrainConfig, TrainResult, evaluate_accuracy, fit, load_data, make_model,
-                        progress_bar)
+from ..training import (Shown, TrainConfig, TrainResult, evaluate_accuracy, fit, load_data,
+                        make_model)
 
 SIMULATED = "SIMULATED"
 
@@ -149,12 +149,10 @@ def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, da
                                         steps_per_epoch=len(train_iter), extra=extra)
             optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
             loss_fn = nn.CrossEntropyLoss()
-            bar = progress_bar(len(train_iter) * config.num_epochs, disable=not progress)
 
             def step(x, y):
-                bar.update(1)
                 return hdp.step(x, y, optimizer, loss_fn)
-            with bar:
-                for r in fit(step, train_iter, result, range(config.num_epochs), hdp.devices):
+            with Shown(train_iter, config.num_epochs, progress) as shown:
+                for r in fit(step, shown, result, range(config.num_epochs), hdp.devices):
                     r.test_acc.append(evaluate_accuracy(hdp.module, test_iter))
     return result

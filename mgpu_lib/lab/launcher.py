@@ -4,6 +4,7 @@ the call (Ctrl-C, a timeout or an exception stops the job; if this process dies 
 reaper does: `reaper.py`), and a failed or hung rank is named in one line (`failures.py`).
 """
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -14,6 +15,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
@@ -66,8 +68,8 @@ def job_folder(prefix: str):
         yield folder
 
 
-def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float, log=None,
-              done=None) -> Ended:
+def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: Optional[float] = None,
+              log=None, done=None) -> Ended:
     """`torchrun --standalone` runs `python ARGS` as ranks 0..nprocs-1; rank 0's lines go to
     `log`. `job`: a folder the job owns, removed with it; `done`: a file that means the work is
     saved. A failure is a LaunchError, or a RankInputError (a ValueError) for a refused input."""
@@ -84,8 +86,10 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: float, log=
     return ended
 
 
-def supervise(cmd, env, timeout_s: float, log=None, logs=None, done=None) -> Ended:
-    """Run `cmd`, passing rank 0's lines to `log`; stop all on timeout or any exception.
+def supervise(cmd, env, timeout_s: Optional[float], log=None, logs=None, done=None) -> Ended:
+    """Run `cmd`, passing rank 0's lines to `log`; stop all after `timeout_s` seconds (None:
+    no limit; a hung rank is found by the collective timeout, which names it) or on any
+    exception.
     SHUTDOWN_GRACE_S after a rank's error file appears under `logs` (or `done` does), kill the
     ranks still running: torchrun would wait 30 s for one that ignores its SIGTERM (it hung)."""
     tail: deque = deque(maxlen=200)
@@ -93,7 +97,8 @@ def supervise(cmd, env, timeout_s: float, log=None, logs=None, done=None) -> End
                             text=True, encoding="utf-8", errors="replace", **popen_options())
     reader = threading.Thread(target=_pump, args=(proc, tail, log), daemon=True)
     reader.start()
-    ended, deadline, since = Ended(-1), time.monotonic() + timeout_s, None
+    ended, since = Ended(-1), None
+    deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -124,11 +129,14 @@ def _pump(proc: subprocess.Popen, tail: deque, log) -> None:
                 log = None
 
 
-def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto", timeout_s: float = 3600,
+def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto",
+           timeout_s: Optional[float] = None,
            collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
            resume: bool = False, log=None) -> TrainResult:
     """Train `config` (its batch the global one) with the DDP program on `nprocs` processes;
-    rank 0's result. `log` gets rank 0's lines; past `timeout_s` all stops. A DeviceError
+    rank 0's result. `log` gets rank 0's lines. No wall-clock limit unless `timeout_s` is
+    given (issue 52: a hidden hour had cut long runs off): a rank that stops answering fails
+    the job after `collective_timeout_s`, the limit `--timeout` sets. A DeviceError
     (`check_nprocs`), a RankInputError (bad input) or a LaunchError (a rank failed)."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting

@@ -27,7 +27,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from ..config import Check
 from ..ddp import choose_backend, local_batch_size, setup
 from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
@@ -43,13 +42,6 @@ DEFAULT_CAP_BYTES = 25 * 2**20
 FIRST_CAP_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
 WAIT, WARMUP = 1, 1          # profiler schedule: skip the first step (buckets are rebuilt after
                              # it), warm up on the second, record the rest
-# A cap above the model's gradients is one bucket, so larger caps change nothing; DDP turns the
-# cap into a byte count, which overflows near 1e300.
-BUCKET_CAP = Check(f"a number of MiB above 0 and at most {ONE_BUCKET_MB:g} (one bucket for "
-                   f"any model here)", lambda v: isinstance(v, (int, float)) and
-                   not isinstance(v, bool) and 0 < v <= ONE_BUCKET_MB, float, "MIB")
-
-
 @dataclass(frozen=True)
 class Variant:
     """One way to run DDP: a bucket cap, and micro-batches per step (all but the last under
@@ -57,10 +49,6 @@ class Variant:
     name: str
     bucket_cap_mb: Optional[float] = None     # MiB; None: DDP's defaults (DEFAULT_CAP_BYTES)
     accumulate: int = 1
-
-    def __post_init__(self):
-        if self.bucket_cap_mb is not None:
-            BUCKET_CAP.check("bucket_cap_mb", self.bucket_cap_mb)
 
 
 def default_variants(width: int) -> list:
