@@ -115,7 +115,7 @@ def build(tmp_path: Path) -> Path:
 
 def test_clean_pages_have_no_problems(build: Path):
     write_page(build, "prose", '<div class="admonition tip">\n<p class="admonition-title">In short</p>\n'
-               "<p>" + "word " * 120 + "</p>\n</div>", launch=False, source=".md")
+               "<p>" + "A short plain answer. " * 17 + "</p>\n</div>", launch=False, source=".md")
     assert check_book.check_build(build) == []
     assert check_book.main(["check_book", str(build)]) == 0
 
@@ -142,7 +142,15 @@ FAULTS = [
      "{table}", "directive shown as text: "),
     ("long short answer",
      '<div class="admonition tip">\n<p class="admonition-title">In short</p>\n<p>'
-     + "word " * 121 + "</p>\n</div>", 'class="admonition tip"', "'In short' box of 121 words"),
+     + "Short words here. " * 24 + "</p>\n</div>", 'class="admonition tip"',
+     "'In short' box of 72 words"),
+    ("short answer with too many numbers",
+     '<div class="admonition tip">\n<p class="admonition-title">In short</p>\n<p>It ran 1.5 '
+     "times faster on 2 GPUs at batch 512 in 10 s.</p>\n</div>", 'class="admonition tip"',
+     "'In short' box of 14 words and 4 numbers"),
+    ("sentence too long", "<p>" + "word " * 41 + "end.</p>", "word word", "sentence of 42 words"),
+    ("statistics in the lesson layer", "<p>Run 4 is ahead by 12.8 ± 2.6 points here.</p>",
+     "ahead by", "statistics in visible prose ('±'"),
     ("figure without a caption",
      '<figure class="align-default">\n<img alt="p" src="../_images/plot.png" />\n</figure>',
      "<figure", "no caption: '../_images/plot.png'"),
@@ -158,6 +166,16 @@ def test_planted_fault_is_reported_with_page_and_line(build: Path, planted, body
     assert problems[0].startswith(f"chapters/faulty.html:{line}: "), problems
     assert says in problems[0], problems
     assert check_book.main(["check_book", str(build)]) == 1
+
+
+def test_the_word_ceilings_hold_for_the_main_path_and_each_going_further_page(build: Path):
+    sentence = "A plain sentence of six words. "
+    write_page(build, "06_more", "<p>" + sentence * 201 + "</p>")           # 1,206 words
+    write_page(build, "01_first", "<p>" + sentence * 850 + "</p>")          # 5,100 words
+    problems = check_book.check_build(build)
+    assert any(p.startswith("chapters/06_more.html:1: 12") and p.endswith(
+        "visible words (at most 1200 on a going-further page)") for p in problems), problems
+    assert any(p.startswith("the main path: 5") for p in problems), problems
 
 
 def test_notebook_page_without_launch_button(build: Path):

@@ -19,7 +19,13 @@ One function per rule, each ``(soup, page, build_root) -> list[str]``:
   Plot images that a cell outputs without a figure directive are not figures; only their
   files are checked (by ``missing_images``);
 - ``long_short_answer``: a page's "In short" box (the answer a learner reads first) holds at
-  most SHORT_ANSWER_WORDS words, glued numbers included;
+  most SHORT_ANSWER_WORDS words and SHORT_ANSWER_NUMBERS numbers, glued ones included;
+- ``hard_prose`` (chapter and exercise pages): the prose a reader sees without clicking (not
+  code, outputs, tables, captions or dropdowns) has no sentence over LONGEST_SENTENCE words, a
+  mean sentence of at most MEAN_SENTENCE words, and none of the statistics apparatus (``±``,
+  Holm, ``r =``, "could call", standard error, Welch, "t cut") outside the page that teaches it;
+- ``too_many_words`` (the whole build): visible words at most MAIN_PATH_WORDS on the main path
+  (01-05, the exercises), GOING_FURTHER_WORDS on each going-further page (06-09), BOOK_WORDS in all;
 - ``unnumbered_tables``: every table a cell outputs (``mgpu_lib.book.tables.Table``) has a caption
   numbered "Table N" (the book's ``_ext/numbering.py`` makes one from the Table's caption).
 
@@ -46,7 +52,18 @@ LAUNCH_HOSTS = ("https://colab.research.google.com/", "https://mybinder.org/")
 FIG_NUMBER = re.compile(r"^\s*(Fig(ure)?\.?)\s*(E\d+\.)?\d")  # E1.3: the exercises' own
 TABLE_NUMBER = re.compile(r"^\s*Table\s*(E\d+\.)?\d")
 OUTPUTS = "div.cell_output, .output"
-SHORT_ANSWER_WORDS = 120  # issue 31: the answer on the first screen, in at most 120 words
+# Issue 49, "the lesson in an hour": ceilings on what a reader sees without clicking
+SHORT_ANSWER_WORDS, SHORT_ANSWER_NUMBERS = 70, 3
+LONGEST_SENTENCE, MEAN_SENTENCE, MIN_SENTENCES = 40, 20, 5   # a mean over fewer says little
+MAIN_PATH_WORDS, GOING_FURTHER_WORDS, BOOK_WORDS = 5000, 1200, 10000
+GOING_FURTHER = ("chapters/06_", "chapters/07_", "chapters/08_", "chapters/09_")
+TEACHES_THE_RULE = "chapters/09_"
+HIDDEN = ("div.cell_output, div.cell_input, pre, table, figcaption, details, script, style, "
+          ".dropdown, .toggle-hidden, span.caption-text")
+SENTENCE_END = re.compile(r"(?<=[.!?])[\"”')\]]*\s+(?=[A-Z0-9(“\"'`])")
+NUMBER = re.compile(r"(?<![\w\[])[-−+]?\d[\d,]*(?:\.\d+)?\s*(?:%|x|×)?")
+APPARATUS = re.compile(r"±|\bHolm\b|\br\s*=\s*[-−+]?\d|could call|standard errors?\b|\bWelch|t cut",
+                       re.I)
 
 Rule = Callable[[BeautifulSoup, str, Path], "list[str]"]
 
@@ -212,23 +229,92 @@ def unnumbered_tables(soup: BeautifulSoup, page: str, build_root: Path) -> list[
     return problems
 
 
+def _visible(soup: BeautifulSoup) -> list[Tag]:
+    """The paragraphs and list items a reader sees without clicking (in the page as parsed, so
+    each keeps its source line)."""
+    content = _content(soup)
+    hidden = {id(tag) for tag in content.select(HIDDEN)}
+    return [el for el in content.find_all(["p", "li", "dd"])
+            if not (el.name == "p" and el.find_parent("li"))
+            and "admonition-title" not in (el.get("class") or [])
+            and id(el) not in hidden and not any(id(a) in hidden for a in el.parents)]
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of at least 3 words (abbreviations such as "Fig." and "e.g." kept whole)."""
+    text = re.sub(r"\b(e\.g|i\.e|etc|vs|cf|Fig|Eq|Sec|et al)\.", lambda m: m.group(0)[:-1], text)
+    return [x for x in SENTENCE_END.split(text) if len(x.split()) >= 3]
+
+
+def visible_words(soup: BeautifulSoup) -> int:
+    """Words a reader sees without clicking (headings not counted)."""
+    return sum(len(el.get_text(" ").split()) for el in _visible(soup))
+
+
 def long_short_answer(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
-    """An "In short" admonition longer than SHORT_ANSWER_WORDS words (its title not counted)."""
+    """An "In short" admonition over SHORT_ANSWER_WORDS words or SHORT_ANSWER_NUMBERS numbers
+    (its title and code spans not counted)."""
     problems = []
     for box in _content(soup).select("div.admonition"):
         title = box.select_one(".admonition-title")
         if title is None or title.get_text(strip=True) != "In short":
             continue
         words = len(box.get_text().split()) - len(title.get_text().split())
-        if words > SHORT_ANSWER_WORDS:
-            problems.append(f"{page}:{box.sourceline}: 'In short' box of {words} words "
-                            f"(at most {SHORT_ANSWER_WORDS}): {_quote(box.get_text(' '))}")
+        plain = BeautifulSoup(str(box), "html.parser")
+        for tag in plain.select(".admonition-title, code"):
+            tag.decompose()
+        numbers = len(NUMBER.findall(" ".join(plain.get_text(" ").split())))
+        if words > SHORT_ANSWER_WORDS or numbers > SHORT_ANSWER_NUMBERS:
+            problems.append(f"{page}:{box.sourceline}: 'In short' box of {words} words and "
+                            f"{numbers} numbers (at most {SHORT_ANSWER_WORDS} and "
+                            f"{SHORT_ANSWER_NUMBERS}): {_quote(box.get_text(' '))}")
+    return problems
+
+
+def hard_prose(soup: BeautifulSoup, page: str, build_root: Path) -> list[str]:
+    """Visible prose of a chapter or exercise page that reads as machinery (module docstring)."""
+    if not page.startswith(("chapters/", "exercises/")):
+        return []
+    problems, lengths = [], []
+    for el in _visible(soup):
+        text = " ".join(el.get_text(" ").split())
+        for sentence in sentences(text):
+            lengths.append(len(sentence.split()))
+            if lengths[-1] > LONGEST_SENTENCE:
+                problems.append(f"{page}:{el.sourceline}: sentence of {lengths[-1]} words (at "
+                                f"most {LONGEST_SENTENCE}): {_quote(sentence)}")
+        if not page.startswith(TEACHES_THE_RULE):
+            problems += [f"{page}:{el.sourceline}: statistics in visible prose ({m.group(0)!r}; "
+                         f"put it in a table or a How-we-know dropdown): {_quote(text)}"
+                         for m in APPARATUS.finditer(text)]
+    if len(lengths) >= MIN_SENTENCES and sum(lengths) / len(lengths) > MEAN_SENTENCE:
+        problems.append(f"{page}:1: sentences of {sum(lengths) / len(lengths):.1f} words on "
+                        f"average (at most {MEAN_SENTENCE})")
+    return problems
+
+
+def too_many_words(build_root: Path, pages: list[Path]) -> list[str]:
+    """The book's word ceilings (module docstring) over the chapter and exercise pages."""
+    words = {}
+    for p in pages:
+        page = p.relative_to(build_root).as_posix()
+        if page.startswith(("chapters/", "exercises/")):
+            words[page] = visible_words(BeautifulSoup(p.read_text(encoding="utf-8"),
+                                                      "html.parser"))
+    main = sum(n for page, n in words.items() if not page.startswith(GOING_FURTHER))
+    problems = [f"{page}:1: {n} visible words (at most {GOING_FURTHER_WORDS} on a going-further "
+                f"page)" for page, n in words.items()
+                if page.startswith(GOING_FURTHER) and n > GOING_FURTHER_WORDS]
+    if main > MAIN_PATH_WORDS:
+        problems.append(f"the main path: {main} visible words (at most {MAIN_PATH_WORDS})")
+    if sum(words.values()) > BOOK_WORDS:
+        problems.append(f"the book: {sum(words.values())} visible words (at most {BOOK_WORDS})")
     return problems
 
 
 RULES: list[Rule] = [harness_text, raw_directives, wide_output_lines, wide_code_lines, missing_images,
                      widget_reprs, launch_button, broken_links, unnumbered_figures,
-                     unnumbered_tables, long_short_answer]
+                     unnumbered_tables, long_short_answer, hard_prose]
 
 
 def check_page(path: Path, build_root: Path) -> list[str]:
@@ -254,7 +340,9 @@ def check_build(build_root: Path) -> list[str]:
         return [f"{build_root}: no pages (no _sources/ in the build)"]
     problems = [f"{p.relative_to(build_root).as_posix()}: page missing from the build"
                 for p in pages if not p.is_file()]
-    return problems + [x for p in pages if p.is_file() for x in check_page(p, build_root)]
+    pages = [p for p in pages if p.is_file()]
+    return (problems + [x for p in pages for x in check_page(p, build_root)]
+            + too_many_words(build_root, pages))
 
 
 def main(argv: list[str]) -> int:
