@@ -42,11 +42,11 @@ test: $(STAMP)
 clean:
 	rm -rf _build
 
-# make gpu-check: measure this machine's GPU in stages under a time budget (tools/gpu_check.py):
-# facts, the fitted overheads (replicate, P2P, link, loader), the CUDA tests, a full run, the
-# accuracy-drop runs (lab/drop.py) at the chapter's scale, bench,
-# calibration, both exercises; one JSON line a stage (default runs/gpu_<device>.jsonl).
-# Options go in GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--budget-s 900" (a T4 needs it).
+# make gpu-check: one prepared run on this machine's GPU, within 8 minutes on an H100 or H200
+# (tools/gpu_check.py): facts, the CUDA tests, bench (TF32, bf16, fp16, compile), the chapter's
+# run, the accuracy drop and exercise 2's split; a record a stage (default runs/gpu_<device>.jsonl)
+# and beside it precision.json and the run and drop stores, to ship into mgpu_lib/recorded/.
+# Options go in GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--dry-run" (the plan only).
 .PHONY: gpu-check
 gpu-check: $(STAMP)
 	$(BIN)/python tools/gpu_check.py $(GPU_CHECK_ARGS)
