@@ -6,6 +6,7 @@ import torch
 
 from mgpu_lib.lab import diagnose
 from mgpu_lib.lab.diagnose import Facts, causes, parse_topo, report, unchecked
+from mgpu_lib.perf.scaling import spec_for_name
 
 TWO_4090 = ("NVIDIA GeForce RTX 4090",) * 2
 TWO_V100 = ("Tesla V100-SXM2-16GB",) * 2
@@ -194,17 +195,17 @@ def test_a_batch_curve_has_one_row_per_batch_and_steps_in_proportion():
     ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5"),
     ("NVIDIA H200", "H200 SXM"), ("Tesla T4", "T4"), ("Tesla V100-SXM2-16GB", "V100 SXM2"),
     ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla K80", "K80 (one GK210 die)")])
-def test_a_datasheet_is_matched_by_whole_words(name, sheet):
+def test_the_one_datasheet_lookup_matches_whole_words(name, sheet):
     """Before (issue 39): by substring, an 'NVIDIA RTX A1000' got the A100's datasheet, a 'T400'
     the T4's, an 'A100-SXM4-40GB' the 80 GB one's and an 'H100 PCIe' the SXM5's."""
-    spec = diagnose.datasheet(name)
+    spec = spec_for_name(name)
     assert (spec and spec.name) == sheet
 
 
 def test_every_datasheet_is_found_by_its_own_name():
     """Page 08 and exercise 1 describe machines by the datasheets' names."""
     from mgpu_lib.perf.scaling import DEVICES
-    assert all(diagnose.datasheet(name) is spec for name, spec in DEVICES.items())
+    assert all(spec_for_name(name) is spec for name, spec in DEVICES.items())
 
 
 def test_a_gpu_without_a_datasheet_is_said_so():

@@ -21,7 +21,7 @@ from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
 from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
-                            dp_python_s, pair_link, predict_step_time)
+                            dp_python_s, pair_link, predict_step_time, spec_for_name)
 
 NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
 
@@ -80,35 +80,10 @@ class Machine:
         return compute_rate(self.spec, workload(self.width), o.efficiency)
 
 
-# words a device name may carry beside the datasheet's: the vendor, the brand, the memory type
-_NOISE = {"NVIDIA", "TESLA", "GEFORCE", "HBM2", "HBM2E", "HBM3", "HBM3E"}
-
-
-def _words(name: str) -> set:
-    return set(re.split(r"[\s_\-]+", name.upper().replace("...", " "))) - _NOISE - {""}
-
-
-def datasheet(name: str) -> Optional[DeviceSpec]:
-    """The datasheet of the device `name` (as torch.cuda.get_device_name gives it), matched by
-    whole words after normalizing: the chip must be the datasheet's ("RTX A1000" is no A100,
-    "T400" no T4), and a form factor or memory size the name states must be the datasheet's
-    ("A100-SXM4-40GB" is not the 80 GB one, "H100 PCIe" not the SXM5). None: no datasheet."""
-    if name in DEVICES:                          # a datasheet's own name
-        return DEVICES[name]
-    words = _words(name)
-    for spec in DEVICES.values():
-        key = _words(spec.name.split(" (")[0])
-        chip = next(w for w in spec.name.upper().split() if any(c.isdigit() for c in w))
-        sizes = {w for w in key if w.endswith("GB")}
-        if chip in words and words - {w for w in words if w.endswith("GB") and not sizes} <= key:
-            return spec
-    return None
-
-
 def machine(f: Facts) -> Optional[Machine]:
-    """The model of `f`'s machine, or None without a datasheet for its first GPU (`datasheet`).
+    """The model of `f`'s machine, or None without a datasheet for its first GPU (`scaling.spec_for_name`).
     The link is `pair_link` of the slowest pair the facts describe (P2P off, then topo code)."""
-    spec = datasheet(f.devices[0]) if f.devices else None
+    spec = spec_for_name(f.devices[0]) if f.devices else None
     if spec is None:
         return None
     links = [pair_link(spec, f.peer.get(p), f.links.get(p))

@@ -5,6 +5,7 @@ GPU); `evidence` fits what the datasheets cannot give (efficiency, DataParallel'
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -150,12 +151,28 @@ def conv_peak_tflops(spec: DeviceSpec) -> float:
     return spec.tf32_tflops or spec.fp32_tflops
 
 
+# words a device name may carry beside the datasheet's: the vendor, the brand, the memory type
+_NOISE = {"NVIDIA", "TESLA", "GEFORCE", "HBM2", "HBM2E", "HBM3", "HBM3E"}
+
+
+def _words(name: str) -> set:
+    return set(re.split(r"[\s_\-]+", name.upper().replace("...", " "))) - _NOISE - {""}
+
+
 def spec_for_name(name: str) -> Optional[DeviceSpec]:
-    """The datasheet whose chip is in a device name such as torch.cuda.get_device_name() gives;
-    None for a device this book has no figures for. The chip is the key's first word holding a
-    digit ("RTX 4090" -> "4090", "V100 SXM2" -> "V100"), so "RTX" alone matches nothing."""
-    for key, spec in DEVICES.items():
-        if next(w for w in key.split() if any(c.isdigit() for c in w)) in name:
+    """The datasheet of the device `name` (as torch.cuda.get_device_name or a published run
+    gives it), matched by whole words after normalizing: the chip must be the datasheet's ("RTX
+    A1000" is no A100, "T400" no T4, "RTX" alone no chip), and a form factor or memory size the
+    name states must be the datasheet's ("A100-SXM4-40GB" is not the 80 GB one, "H100 PCIe" not
+    the SXM5). None: a device this book has no figures for. The one datasheet lookup."""
+    if name in DEVICES:                          # a datasheet's own name
+        return DEVICES[name]
+    words = _words(name)
+    for spec in DEVICES.values():
+        key = _words(spec.name.split(" (")[0])
+        chip = next(w for w in spec.name.upper().split() if any(c.isdigit() for c in w))
+        sizes = {w for w in key if w.endswith("GB")}
+        if chip in words and words - {w for w in words if w.endswith("GB") and not sizes} <= key:
             return spec
     return None
 
