@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -31,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
-from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, backends,
+from .training import (BN_METRICS, METRICS, PARTIAL, Shown, TrainConfig, TrainResult, backends,
                        check_out, evaluate, fit, fixed_sample, make_model, make_step, sgd)
 
 CKPT_NAME = "last.pt"
@@ -192,46 +193,44 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
     return train_iter, test_iter
 
 
-def train(config: TrainConfig, device, *, checkpoint=None, resume: bool = False,
+def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progress=False,
           make_optimizer: Callable = sgd) -> TrainResult:
     """Train `config` as one rank of the group `setup` joined; rank 0's result holds
     the test accuracies. Rank 0 saves a checkpoint into the folder `checkpoint` after
-    every epoch; `resume` continues from it."""
+    every epoch; `resume` continues from it; `progress`: a bar on rank 0."""
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
-    net = prepare_model(make_model(config, device), switches)  # same seed on all ranks
+    net = prepare_model(make_model(config, device), switches)  # seeded: the same weights
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
-    result = TrainResult.create(config, hardware=describe_job(device),
-                                num_devices=world,
+    result = TrainResult.create(config, describe_job(device), world,
                                 data_source=getattr(train_iter, "source", "custom"),
                                 steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict(), **job_extra(train_iter)})
+                                extra={"switches": switches.to_dict()})
     start = restore(checkpoint, config, world, net, optimizer, result) if resume else 0
+    on_epoch = functools.partial(save_and_print, checkpoint, net, optimizer, world)
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
-    with backends(switches):
-        for r in fit(step, train_iter, result, epochs, [device], reduce=dist.all_reduce):
-            if rank == 0:  # rank 0 alone evaluates (the unwrapped net), saves and prints
-                evaluate(r, net, test_iter, sample, switches)
-                if checkpoint:
-                    save_checkpoint(checkpoint, net, optimizer, config, world, r)
-                print(LOG + epoch_line(r), flush=True)
+    with backends(switches), Shown(train_iter, len(epochs), progress) as shown:
+        for r in fit(step, shown, result, epochs, [device], reduce=dist.all_reduce):
+            if rank == 0:  # rank 0 alone evaluates, saves and prints
+                evaluate(r, net, test_iter, sample, switches, then=on_epoch)
     return result
+
+
+def save_and_print(checkpoint, net, optimizer, world: int, r: TrainResult) -> None:
+    """Rank 0's end of an epoch: the checkpoint (if asked for), then the epoch's line."""
+    if checkpoint:
+        save_checkpoint(checkpoint, net, optimizer, TrainConfig(**r.config), world, r)
+    print(LOG + epoch_line(r), flush=True)
 
 
 def describe_job(device) -> str:
     world, backend = dist.get_world_size(), dist.get_backend()
     return (f"DDP, {world} {backend} process{'es' if world > 1 else ''}, each on "
             f"{describe_devices([device])}")
-
-
-def job_extra(train_iter) -> dict:
-    return {"strategy": "ddp", "world_size": dist.get_world_size(),
-            "backend": dist.get_backend(), "local_batch_size": train_iter.batch_size,
-            "threads_per_process": torch.get_num_threads()}
 
 
 def epoch_line(r: TrainResult) -> str:

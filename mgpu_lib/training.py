@@ -80,7 +80,7 @@ class TrainResult:
     profile: Optional[str] = None
 
     @classmethod
-    def create(cls, config: TrainConfig, *, hardware: str, num_devices: int, data_source: str,
+    def create(cls, config: TrainConfig, hardware: str, num_devices: int, *, data_source: str,
                steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
                ) -> "TrainResult":
         """A new run's empty result, with the header the core knows (the store adds git's)."""
@@ -405,10 +405,11 @@ class Shown:
         self.bar.close()
 
 
-def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches) -> None:
-    """Append the epoch's test accuracy (eval mode) and BatchNorm's readings to `r`. An
-    evaluation that fails (out of memory) ends the run as "failed" with its cause in
-    `r.extra["error"]`, and its trained epochs are kept (issue 52)."""
+def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches,
+             then: Callable = lambda r: None) -> None:
+    """Append the epoch's test accuracy (eval mode) and BatchNorm's readings to `r`, then call
+    `then(r)` (a live plot, a checkpoint). An evaluation that fails (out of memory) ends the
+    run as "failed" with its cause in `r.extra["error"]`; its trained epochs are kept."""
     try:
         acc = evaluate_accuracy(net, test_iter, switches=switches)
         readings = bn_accuracies(net, test_iter, sample)        # on a copy of net
@@ -419,6 +420,7 @@ def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches) 
     r.test_acc.append(acc)
     for key, value in readings.items():
         getattr(r, key).append(value)
+    then(r)
 
 
 def sgd(parameters, lr: float, steps_per_epoch: int) -> torch.optim.Optimizer:
@@ -426,8 +428,8 @@ def sgd(parameters, lr: float, steps_per_epoch: int) -> torch.optim.Optimizer:
     return torch.optim.SGD(parameters, lr=lr)
 
 
-def train(config: TrainConfig, *, data=None, progress: bool = True,
-          on_epoch: Optional[Callable] = None, make_optimizer: Callable = sgd) -> TrainResult:
+def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: None,
+          make_optimizer: Callable = sgd) -> TrainResult:
     """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices;
     returns a `TrainResult` (`.summary()` is the chapter's line). `data`: `(train_iter,
     test_iter)` (default: loaded from `config`); `on_epoch(result)` after each epoch (a
@@ -436,11 +438,10 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
     device = devices[0]                       # DataParallel scatters from and gathers here
     switches = resolve_switches(config, device)
     train_iter, test_iter = data or load_data(config, device, switches)
-    net = prepare_model(make_model(config, device), switches)  # the chapter forgot .to()
+    net = prepare_model(make_model(config, device), switches)  # seeded: the same weights
     model = nn.DataParallel(replicated(net, switches), device_ids=devices)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
-    result = TrainResult.create(config, hardware=describe_devices(devices),
-                                num_devices=len(devices),
+    result = TrainResult.create(config, describe_devices(devices), len(devices),
                                 data_source=getattr(train_iter, "source", "custom"),
                                 steps_per_epoch=len(train_iter),
                                 extra={"switches": switches.to_dict()})
@@ -449,7 +450,5 @@ def train(config: TrainConfig, *, data=None, progress: bool = True,
     epochs = range(config.num_epochs)
     with backends(switches), Shown(train_iter, len(epochs), progress) as shown:
         for r in fit(step, shown, result, epochs, devices):
-            evaluate(r, net, test_iter, sample, switches)
-            if on_epoch is not None:
-                on_epoch(r)
+            evaluate(r, net, test_iter, sample, switches, then=on_epoch)
     return result

@@ -134,7 +134,7 @@ def test_the_ddp_program_runs_under_torchrun_and_prints_its_result(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = load_result(out)
     assert run.stdout.splitlines()[-1] == ddp.LOG + result.summary()
-    assert result.extra["world_size"] == 2 and len(result.test_acc) == 1
+    assert result.num_devices == 2 and len(result.test_acc) == 1
 
 
 @pytest.mark.slow
@@ -382,3 +382,25 @@ def test_no_page_shows_code_from_a_string_literal():
                     if strings := _code_in_strings(source):
                         found[f"{page.name} cell {i}"] = strings
     assert not found, found
+
+
+def test_the_ddp_delta_a_reader_studies_is_at_most_20_lines():
+    """Issue 50: page 05 shows `ddp.train` as a diff over `mg.train`, computed from their
+    source (docstrings left out), as the DDP tutorial series shows multigpu.py over
+    single_gpu.py. It must show DDP's delta (the shards, DDP(...), the all-reduce, the rank-0
+    guard, the checkpoint), not a progress bar or callbacks: at most 20 changed lines."""
+    import ast
+    import difflib
+    import inspect
+    import mgpu_lib as mg
+
+    def code(f) -> list:
+        lines = inspect.getsource(f).splitlines()
+        doc = ast.parse("\n".join(lines)).body[0].body[0]
+        return lines[: doc.lineno - 1] + lines[doc.end_lineno:]
+    diff = [line for line in difflib.unified_diff(code(mg.train), code(ddp.train), lineterm="")
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len(diff) <= 20, "\n".join(diff)
+    added = "\n".join(line for line in diff if line.startswith("+"))
+    for delta in ("load_shards", "DDP(", "dist.all_reduce", "rank == 0", "restore("):
+        assert delta in added, delta

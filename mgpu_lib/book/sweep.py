@@ -337,6 +337,8 @@ def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
 
 def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
     """`train` with SGD's lr warmed up linearly over the first `warmup_epochs` epochs."""
-    return train(config, data=data, progress=False, extra={"warmup_epochs": warmup_epochs},
-                 make_optimizer=lambda params, steps_per_epoch: warmup_sgd(
-                     params, config.lr, warmup_steps=round(warmup_epochs * steps_per_epoch)))
+    result = train(config, data=data, progress=False,
+                   make_optimizer=lambda params, lr, steps_per_epoch: warmup_sgd(
+                       params, lr, warmup_steps=round(warmup_epochs * steps_per_epoch)))
+    result.extra["warmup_epochs"] = warmup_epochs
+    return result

@@ -20,7 +20,7 @@ from ..data import chapter_loader
 from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
-from ..perf.scaling import (DEVICES, DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
+from ..perf.scaling import (DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
                             dp_python_s, pair_link, predict_step_time, spec_for_name)
 
 NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
