@@ -19,11 +19,11 @@ from .devices import (DeviceError, describe_devices, num_gpus, resolve_devices, 
 from .hetero import HeteroDataParallel
 from .model import block_shapes, init_weights, num_params, resnet18, same_weights
 from .split import split_sizes
-from .training import (TrainResult, build_model, evaluate_accuracy, fit, make_model, make_step,
+from .training import (TrainResult, evaluate_accuracy, fit, make_model, make_step,
                        train)
 
 __all__ = ["DeviceError", "DeviceLoader", "HeteroDataParallel", "TrainConfig", "TrainResult",
-           "block_shapes", "build_model", "describe_devices", "evaluate_accuracy", "fit",
+           "block_shapes", "describe_devices", "evaluate_accuracy", "fit",
            "init_weights", "load_fashion_mnist", "load_fashion_mnist_chapter", "make_model",
            "make_step", "num_gpus", "num_params", "resnet18", "resolve_devices", "same_weights",
            "split_sizes", "synchronize", "timed", "train", "try_all_gpus", "try_gpu"]

@@ -336,12 +336,6 @@ def load_data(config: TrainConfig, device, switches: Switches):
                                       **common)
 
 
-def build_model(config: TrainConfig, devices, switches: Switches):
-    """`(net, model)`: the initialized network on `devices[0]`, and DataParallel over it."""
-    net = prepare_model(make_model(config, devices[0]), switches)   # the chapter forgot .to()
-    return net, nn.DataParallel(replicated(net, switches), device_ids=devices)
-
-
 def replicated(net: nn.Module, switches: Switches) -> nn.Module:
     """What DataParallel replicates: `net`, compiled if asked, entering the run's autocast in
     each replica's own thread (`Autocast`) when the run computes in bf16 or fp16."""

@@ -123,25 +123,29 @@ def test_cli_trains_and_writes_json(tmp_path, capsys):
     assert saved["config"]["width"] == 4 and saved["config"]["data_source"] == "synthetic"
 
 
-def test_build_model_moves_the_network_to_the_first_device_before_wrapping(monkeypatch):
+def test_train_moves_the_network_to_the_first_device_before_wrapping(monkeypatch):
     """The book's fix for d2l-en issue 2461: the network is on devices[0] when DataParallel
     wraps it (the chapter wraps a network left on the CPU). Two devices, no CUDA: `meta`
-    devices stand in, and DataParallel is replaced by a stub that records what it was given."""
+    devices stand in, and DataParallel is replaced by a stub that records what it was given
+    and stops the run there."""
     from torch import nn
     from mgpu_lib import training
-    from mgpu_lib.config import REFERENCE
 
     seen = {}
+
+    class Wrapped(Exception):
+        pass
 
     class Wrapper(nn.Module):
         def __init__(self, module, device_ids):
             super().__init__()
             seen["devices"] = {p.device for p in module.parameters()}
             seen["ids"] = device_ids
-            self.module = module
+            raise Wrapped
 
-    monkeypatch.setattr(training.nn, "DataParallel", Wrapper)
     devices = [torch.device("meta"), torch.device("meta")]
-    net, model = training.build_model(TrainConfig(width=4), devices, REFERENCE)
+    monkeypatch.setattr(training.nn, "DataParallel", Wrapper)
+    monkeypatch.setattr(training, "resolve_devices", lambda n: devices)
+    with pytest.raises(Wrapped):
+        training.train(TrainConfig(width=4, devices=2), data=([], []), progress=False)
     assert seen["devices"] == {torch.device("meta")} and seen["ids"] == devices
-    assert model.module is net
