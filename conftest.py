@@ -4,19 +4,11 @@ The smoke profile unless the caller set one (notebook kernels inherit the enviro
 `--nbval`, every page runs the Colab way, once (tests/nbval_colab.py), and the book is built and
 checked (`MGPU_CHECK_BOOK=1`, tests/test_book.py) unless the caller said otherwise.
 """
-import json
 import os
 
 from tests.nbval_colab import configure
 
 os.environ.setdefault("MGPU_PROFILE", "smoke")
-
-
-def pytest_sessionstart(session):
-    """Ask py-cpuinfo once (about a second): the CLI runs, DDP ranks and notebook kernels the
-    tests start inherit its answer (`mgpu_lib.devices.cpu_info`)."""
-    from mgpu_lib.devices import cpu_info
-    os.environ["MGPU_CPU_INFO"] = json.dumps(cpu_info())
 
 
 def pytest_configure(config):

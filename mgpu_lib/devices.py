@@ -2,14 +2,11 @@
 function looks at the hardware when called, never at import)."""
 from __future__ import annotations
 
-import functools
 import json
 import os
-import platform
 import time
 from typing import Optional, Sequence
 
-import cpuinfo
 import torch
 
 
@@ -68,20 +65,6 @@ def _describe_available() -> str:
     if _mps_available():
         return "1 Apple MPS device and no CUDA GPU"
     return "no GPU (only the CPU)"
-
-
-@functools.cache
-def cpu_info() -> dict:
-    """This CPU's `brand_raw` and `flags`, as a parent process passed them on, else py-cpuinfo's."""
-    try:
-        return dict(json.loads(os.environ["MGPU_CPU_INFO"]))
-    except (KeyError, ValueError, TypeError):   # none passed on, or not a JSON object
-        return cpuinfo.get_cpu_info()     # a second: it reads CPUID in a subprocess
-
-
-def cpu_name() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC 7B13'."""
-    return " ".join(cpu_info().get("brand_raw", "").split()) or platform.machine() or "unknown CPU"
 
 
 def autocast_dtype(device) -> Optional[str]:
@@ -149,7 +132,8 @@ class timed:
 
 def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
     """A short hardware string printed beside every figure, e.g. '2 x NVIDIA H200' or
-    'CPU: AMD EPYC 7B13 (AVX512), 2 threads (torch uses 2)'."""
+    'CPU (AVX512), 2 threads (torch uses 2)': the kernels torch runs, not the brand (the
+    records' and banners' machinery adds it: `lab.bench.cpu_name`)."""
     devices = list(devices) if devices is not None else try_all_gpus()
     names = [torch.cuda.get_device_name(torch.device(d)) for d in devices
              if torch.device(d).type == "cuda"]
@@ -158,6 +142,6 @@ def describe_devices(devices: Optional[Sequence[torch.device]] = None) -> str:
         parts.append("Apple MPS")
     if any(torch.device(d).type == "cpu" for d in devices):
         isa = torch.backends.cpu.get_cpu_capability()   # the kernels torch runs: AVX512, AVX2
-        parts.append(f"CPU: {cpu_name()} ({isa}), {os.cpu_count()} threads "
-                     f"(torch uses {torch.get_num_threads()})")
+        parts.append(f"CPU ({isa}), {os.cpu_count()} threads (torch uses "
+                     f"{torch.get_num_threads()})")
     return " + ".join(parts)

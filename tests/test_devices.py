@@ -1,7 +1,4 @@
-import os
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -44,7 +41,7 @@ def test_bad_device_counts(bad):
 
 def test_describe_cpu():
     text = describe_devices([torch.device("cpu")])
-    assert text.startswith("CPU: ") and "threads" in text
+    assert text.startswith("CPU (") and "threads" in text
 
 
 def test_describe_cpu_names_the_kernels_torch_runs(monkeypatch):
@@ -53,34 +50,18 @@ def test_describe_cpu_names_the_kernels_torch_runs(monkeypatch):
     assert "(AVX2), " in describe_devices([torch.device("cpu")])
 
 
-def test_the_cpu_is_named_by_py_cpuinfo_not_by_reading_proc(monkeypatch):
-    """DESIGN.md: no /proc by hand. The name comes from py-cpuinfo (Linux, macOS, Windows),
-    spaces folded; where it finds none, the machine's architecture."""
+def test_records_and_banners_name_the_cpu_by_py_cpuinfo_not_by_reading_proc(monkeypatch):
+    """DESIGN.md: no /proc by hand. The core says 'CPU (AVX2)'; a record's header and the
+    banner add the brand py-cpuinfo gives (spaces folded; where it finds none, the machine's
+    architecture). The core never asks py-cpuinfo (a second a process, issue 50)."""
+    from mgpu_lib.lab import files
     for info, name in (({"brand_raw": "  Intel(R) Xeon(R)  CPU @ 2.20GHz "},
                         "Intel(R) Xeon(R) CPU @ 2.20GHz"), ({}, platform.machine())):
-        devices.cpu_info.cache_clear()
-        monkeypatch.delenv("MGPU_CPU_INFO", raising=False)
-        monkeypatch.setattr(devices.cpuinfo, "get_cpu_info", lambda: info)
-        assert devices.cpu_name() == name
-    devices.cpu_info.cache_clear()
-
-
-def test_the_processes_a_run_starts_inherit_the_cpu_s_name(monkeypatch):
-    """py-cpuinfo takes about a second a process, so a parent (the launcher, the tests) passes
-    its answer on in MGPU_CPU_INFO and a child (a DDP rank, a notebook kernel) reads it. A value
-    that is not a JSON object is ignored: py-cpuinfo is asked."""
-    asked = []
-    monkeypatch.setattr(devices.cpuinfo, "get_cpu_info",
-                        lambda: asked.append(1) or {"brand_raw": "Asked CPU"})
-    for value, name in (('{"brand_raw": "Parent CPU"}', "Parent CPU"), ("not json", "Asked CPU"),
-                        ("[1]", "Asked CPU")):
-        monkeypatch.setenv("MGPU_CPU_INFO", value)
-        devices.cpu_info.cache_clear()
-        assert devices.cpu_name() == name
-    assert len(asked) == 2
-    monkeypatch.setenv("MGPU_CPU_INFO", '{"brand_raw": "Parent CPU"}')
-    child = subprocess.run([sys.executable, "-c", "from mgpu_lib.devices import cpu_name; "
-                            "print(cpu_name())"], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert child.stdout.strip() == "Parent CPU", child.stderr
-    devices.cpu_info.cache_clear()
+        files.cpu_info.cache_clear()
+        monkeypatch.setattr(files.cpuinfo, "get_cpu_info", lambda: info)
+        assert files.cpu_name() == name
+        assert files.with_cpu_name("CPU (AVX2), 2 threads") == f"CPU: {name} (AVX2), 2 threads"
+        header = files.record_header(hardware="CPU (AVX2), 2 threads", profile=None, config={})
+        assert header["hardware"] == f"CPU: {name} (AVX2), 2 threads"
+    files.cpu_info.cache_clear()
+    assert "cpuinfo" not in (ROOT / "mgpu_lib" / "devices.py").read_text(encoding="utf-8")

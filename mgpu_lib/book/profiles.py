@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TrainConfig, resolve_switches
-from ..lab.files import code_version
+from ..lab.files import code_version, with_cpu_name
 from ..devices import describe_devices, try_gpu
 
 
@@ -77,5 +77,6 @@ def banner(profile: Profile | None = None) -> str:
     version = code_version()
     library = f"mgpu_lib {version['mgpu_lib'] or '(version unknown)'}" + (
         f", git {version['git']}" if version["git"] else "")
-    return (f"profile: {p.name} ({p.about})\nhardware: {describe_devices()}; {precision}\n"
+    return (f"profile: {p.name} ({p.about})\nhardware: {with_cpu_name(describe_devices())}; "
+            f"{precision}\n"
             f"library: {library}")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import stat
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Optional
 
+import cpuinfo
 import torch
 
 from ..training import PARTIAL, SCHEMA, package_version
@@ -86,12 +88,30 @@ def code_version() -> dict:
     return {"mgpu_lib": package_version(), "git": rev}
 
 
+@functools.cache
+def cpu_info() -> dict:
+    """This CPU's `brand_raw` and `flags`, from py-cpuinfo (a second: it reads CPUID in a
+    subprocess, so it is asked only where a record or a banner names the CPU)."""
+    return cpuinfo.get_cpu_info()
+
+
+def cpu_name() -> str:
+    """The CPU's model name, e.g. 'AMD EPYC 7B13'."""
+    return " ".join(cpu_info().get("brand_raw", "").split()) or platform.machine() or "unknown CPU"
+
+
+def with_cpu_name(hardware: str) -> str:
+    """The core's 'CPU (AVX512), ...' as a record says it: 'CPU: AMD EPYC 7B13 (AVX512), ...'."""
+    return hardware.replace("CPU (", f"CPU: {cpu_name()} (", 1)
+
+
 def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
     """The header every record starts with (a run, a sweep point, a benchmark), so any record
-    can say what produced it. None means unknown (a copy outside its git repository)."""
+    can say what produced it, the CPU by its name. None means unknown (a copy outside its git
+    repository)."""
     # str(): torch.__version__ is a TorchVersion, which a checkpoint's pickle refuses to load
     return {"schema": SCHEMA, **code_version(), "torch": str(torch.__version__),
-            "hardware": hardware, "profile": profile, "config": dict(config)}
+            "hardware": with_cpu_name(hardware), "profile": profile, "config": dict(config)}
 
 
 def stamp(record: dict) -> dict:
@@ -99,5 +119,6 @@ def stamp(record: dict) -> dict:
     known) and carries none: the core's records leave provenance to the code that stores them.
     A migrated record (`mgpu_lib` unknown) keeps what it had."""
     if record.get("git") is None and record.get("mgpu_lib") is not None:
-        return {**record, "git": code_version()["git"]}
+        return {**record, "git": code_version()["git"],
+                "hardware": with_cpu_name(record.get("hardware", ""))}
     return record

@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from ..config import Switches
-from ..devices import cpu_name, describe_devices, num_gpus, timed
+from ..devices import describe_devices, num_gpus, timed
 from ..hetero import HeteroDataParallel, forward_backward
 from ..perf.split_time import predict_hetero_step
 from ..split import split_sizes
+from .files import cpu_name
 from ..training import (Shown, TrainConfig, TrainResult, evaluate_accuracy, fit, load_data,
                         make_model)
 

@@ -21,7 +21,7 @@ import psutil
 
 from ..config import TrainConfig
 from ..ddp import COLLECTIVE_TIMEOUT_S, LOG, choose_backend, cpu_threads, local_batch_size
-from ..devices import DeviceError, cpu_info, num_gpus
+from ..devices import DeviceError, num_gpus
 from ..training import TrainResult
 from . import checkpoints
 from .failures import Ended, LaunchError, failure, read_failures  # noqa: F401 (LaunchError)
@@ -47,8 +47,8 @@ def check_nprocs(nprocs: int, backend: str) -> None:
 
 
 def rank_env(backend: str, nprocs: int) -> dict:
-    """Unbuffered; a gloo rank's share of the cores; `cpu_info` asked once; no libuv on Windows."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MGPU_CPU_INFO=json.dumps(cpu_info()),
+    """Unbuffered; a gloo rank's share of the cores; no libuv on Windows."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS=str(cpu_threads(nprocs)) if backend == "gloo" else "1")
     return {**env, "USE_LIBUV": env.get("USE_LIBUV", "0")} if os.name == "nt" else env
 
