@@ -36,7 +36,7 @@ from mgpu_lib.book.flags import POSITIVE_NUMBER
 from mgpu_lib.book.profiles import PROFILES, Profile, get_profile
 from mgpu_lib.book.store import ResultsError, append, check_writable
 from mgpu_lib.config import REFERENCE, TrainConfig, resolve_switches
-from mgpu_lib.devices import cpu_name, describe_devices
+from mgpu_lib.devices import describe_devices
 from mgpu_lib.hetero import HeteroDataParallel
 from mgpu_lib.lab.bench import add_tflops, measure
 from mgpu_lib.lab.diagnose import topology
@@ -102,9 +102,8 @@ def child(cmd: list, limit_s: float) -> tuple[str, Optional[int]]:
 
 def facts(run: Run) -> tuple:
     d, n = run.device, torch.cuda.device_count() if run.device.type == "cuda" else 0
-    f = dict(torch=str(torch.__version__), cuda=torch.version.cuda, cpu=cpu_name(),
-             cpu_count=os.cpu_count(), gpus=n,
-             auto=resolve_switches(run.profile.train, d).describe())   # what "auto" picks here
+    f = dict(torch=str(torch.__version__), cuda=torch.version.cuda, gpus=n,
+             cpu_count=os.cpu_count(), auto=resolve_switches(run.profile.train, d).describe())
     if n:
         f.update(gpu=torch.cuda.get_device_name(d), cudnn=torch.backends.cudnn.version(),
                  capability=list(torch.cuda.get_device_capability(d)),
@@ -140,7 +139,7 @@ def bench(run: Run) -> tuple:
     m = measure(modes, width=p.width, batch_size=p.batch_size, device=d)
     add_tflops(m, p.width, d)
     rate = {name: m[name]["median"] for name in m}
-    gpu = torch.cuda.get_device_name(d) if d.type == "cuda" else cpu_name()
+    gpu = torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu"
     row = dict(gpu=gpu, width=p.width, batch=p.batch_size,
                images_per_s={k: round(v, 1) for k, v in rate.items() if k != "chapter"},
                source=f"tools/gpu_check.py on {gpu}, {datetime.now(timezone.utc):%Y-%m-%d}")
