@@ -8,14 +8,11 @@ same tensors: a `DataLoader` whose workers pass every image through PIL and `ToT
 """
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import shutil
-import struct
 import tempfile
 import warnings
-import zlib
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -23,8 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-# The four files and their IDX shapes, smallest first, so that a bad file is refused before it
-# is read whole (one may inflate to gigabytes), and a bad small one before the large are read.
+# The four files and the shapes Fashion-MNIST's have.
 FILES = {
     "train_labels": ("train-labels-idx1-ubyte", (60000,)),
     "test_labels": ("t10k-labels-idx1-ubyte", (10000,)),
@@ -37,67 +33,35 @@ SOURCES = ("auto", "local", "torchvision", "synthetic")
 
 
 class DataError(RuntimeError):
-    """Data that is missing, corrupt or truncated; the message names the file."""
-
-
-def _find(folder: Path, stem: str) -> Optional[Path]:
-    """The file in `folder` or in torchvision's `FashionMNIST/raw` below it; inflated first."""
-    for sub in (folder, folder / "FashionMNIST" / "raw"):
-        for name in (stem, stem + ".gz"):
-            if (sub / name).is_file():
-                return sub / name
-    return None
-
-
-def _stage(path: Path, dims: tuple, view: Path) -> None:
-    """Copy `path`, inflated, into the folder torchvision reads, if it is Fashion-MNIST's: a
-    file longer than deflate's worst case (5 bytes a 64 KiB block) is refused unread, and at
-    most one byte past the expected size is ever inflated."""
-    name = f"{path.parent.name}/{path.name}"      # e.g. fashion-mnist/t10k-labels-idx1-ubyte.gz
-    head = struct.pack(f">{1 + len(dims)}I", 0x800 | len(dims), *dims)   # IDX: uint8 data
-    size = len(head) + math.prod(dims)
-    limit = size + 5 * (size // 65535 + 1) + 1024
-    if path.stat().st_size > limit:
-        raise DataError(f"{name}: {path.stat().st_size:,} bytes, more than Fashion-MNIST's "
-                        f"file of shape {dims} can be ({limit:,})")
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            data = f.read(size + 1)
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{name}: cannot read ({e})") from None
-    if data[:4] != head[:4]:
-        raise DataError(f"{name}: bad IDX magic {data[:4].hex() or 'none'}, expected "
-                        f"{head[:4].hex()}")
-    if data[:len(head)] != head:
-        shape = tuple(int.from_bytes(data[i:i + 4], "big") for i in range(4, len(head), 4))
-        raise DataError(f"{name}: shape {shape}, not Fashion-MNIST's {dims}")
-    if len(data) != size:
-        raise DataError(f"{name}: {'more' if len(data) > size else 'fewer'} than the {size:,} "
-                        f"bytes of shape {dims} (truncated or corrupt)")
-    (view / path.name.removesuffix(".gz")).write_bytes(data)
+    """Data that is missing, corrupt or truncated; the message names the folder."""
 
 
 def read_folder(folder: Union[str, Path]) -> dict[str, torch.Tensor]:
-    """The four tensors from a folder of Fashion-MNIST files, checked, then read by torchvision
-    from a temporary copy (the folder itself is never written)."""
-    from torchvision.datasets import FashionMNIST
+    """The four tensors from a folder of Fashion-MNIST files, gzipped or not (Kaggle's are not),
+    in it or in torchvision's `FashionMNIST/raw` below it. torchvision's reader reads them (a
+    gzipped file inflated into a temporary folder: the folder itself is never written); any
+    failure, or a shape that is not Fashion-MNIST's, is one `DataError` line naming the folder."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+    from torchvision.datasets.utils import extract_archive
 
-    folder = Path(folder)
-    with tempfile.TemporaryDirectory(prefix="mgpu-fashion-") as tmp:
-        view = Path(tmp) / "FashionMNIST" / "raw"
-        view.mkdir(parents=True)
-        for stem, dims in FILES.values():
-            path = _find(folder, stem)
-            if path is None:
-                raise DataError(f"{stem}.gz not found in the Fashion-MNIST folder {folder}")
-            _stage(path, dims, view)
-        sets = {split: FashionMNIST(tmp, train=split == "train") for split in ("train", "test")}
-    out = {}
-    for split, ds in sets.items():
-        if int(ds.targets.max()) >= len(CLASSES):
-            raise DataError(f"{FILES[split + '_labels'][0]}: label {int(ds.targets.max())} "
-                            f"out of range")
-        out[f"{split}_images"], out[f"{split}_labels"] = ds.data, ds.targets.to(torch.uint8)
+    folder, out, stem = Path(folder), {}, ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="mgpu-fashion-") as tmp:
+            for key, (stem, _) in FILES.items():
+                here = [p for sub in (folder, folder / "FashionMNIST" / "raw")
+                        for p in (sub / stem, sub / f"{stem}.gz") if p.is_file()]
+                path = here[0] if here else folder / f"{stem}.gz"
+                if path.suffix == ".gz":
+                    path = extract_archive(path, tmp)
+                out[key] = (read_label_file if "labels" in key else read_image_file)(str(path))
+    except Exception as e:          # missing, truncated, not gzip, not IDX: torchvision's words
+        cause = " ".join(f"{stem}: {type(e).__name__}: {e}".split()).rstrip(":")
+        raise DataError(f"the Fashion-MNIST folder {folder} could not be read ({cause})") from None
+    for key, (stem, dims) in FILES.items():
+        if tuple(out[key].shape) != dims or "labels" in key and int(out[key].max()) >= 10:
+            raise DataError(f"the Fashion-MNIST folder {folder}: {stem} is not Fashion-MNIST's "
+                            f"(shape {tuple(out[key].shape)}, expected {dims}, labels 0-9)")
+        out[key] = out[key].to(torch.uint8)
     return out
 
 
@@ -115,7 +79,7 @@ def download(root: Union[str, Path, None] = None) -> Path:
     from torchvision.datasets import FashionMNIST
 
     root = Path(root) if root is not None else data_root()
-    if all(_find(root, stem) for stem, _ in FILES.values()):
+    if all((root / "FashionMNIST" / "raw" / stem).is_file() for stem, _ in FILES.values()):
         return root
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
