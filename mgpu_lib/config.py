@@ -21,6 +21,7 @@ from .data import SOURCES
 from .devices import autocast_dtype, measured_precision
 
 AUTO = "auto"
+GRAPHS = "graphs"      # compile="graphs": torch.compile's reduce-overhead mode (CUDA graphs)
 SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
 OPTIONAL = ("devices", "train_limit", "test_limit", "eval_batch_size", "num_workers")
 
@@ -68,7 +69,8 @@ class TrainConfig:
     fp16: Union[bool, str] = setting("auto", "CUDA: fp16 autocast + GradScaler (auto: where a "
                                              "GPU record measured it faster)")
     cudnn_benchmark: Union[bool, str] = setting("auto", "cudnn.benchmark")
-    compile: Union[bool, str] = setting("auto", "torch.compile (auto: off; compiling dominates)")
+    compile: Union[bool, str] = setting("auto", "torch.compile (auto: off; compiling dominates); "
+                                               "graphs: with CUDA graphs (reduce-overhead)")
     eval_batch_size: Optional[int] = setting(   # not a flag: bounded by the batch's
         None, "evaluation batch (default: 1024, at least the batch, when fast)", cli=False)
     num_workers: Optional[int] = setting(
@@ -85,7 +87,7 @@ class TrainConfig:
                     <= SEED_MAX):
                 raise ValueError(f"{name} must be an integer from {low} to 2**63 - 1, got "
                                  f"{value!r}")
-        switches = ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark", "compile")
+        switches = ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark")
         problems = [("lr", "a positive number", is_number(self.lr) and self.lr > 0),
                     ("data_source", f"one of {', '.join(SOURCES)}", self.data_source in SOURCES),
                     ("profile", "a name", isinstance(self.profile, str))]
@@ -93,6 +95,8 @@ class TrainConfig:
                      for n in ("allow_synthetic", "fast", "norm_fp32")]
         problems += [(n, "true, false or 'auto'", getattr(self, n) in (True, False, AUTO)
                       and not _int(getattr(self, n))) for n in switches]
+        problems.append(("compile", "true, false, 'auto' or 'graphs'", self.compile in (
+            True, False, AUTO, GRAPHS) and not _int(self.compile)))
         for name, words, ok in problems:
             if not ok:
                 raise ValueError(f"{name} must be {words}, got {getattr(self, name)!r}")
@@ -117,7 +121,7 @@ class Switches:
     fp16: bool = False             # autocast to fp16, with a GradScaler (CUDA only)
     tf32: bool = False             # fp32 matmuls and convs on TF32 tensor cores (CUDA from 8.0)
     cudnn_benchmark: bool = False
-    compile: bool = False
+    compile: Union[bool, str] = False    # or GRAPHS: compiled, replayed as CUDA graphs
     eval_batch_size: Optional[int] = None   # None: the training batch
 
     def to_dict(self) -> dict:
@@ -136,7 +140,8 @@ class Switches:
         parts = ["device data" if self.device_data else "DataLoader+ToTensor",
                  "channels_last" if self.channels_last else "NCHW", self.precision]
         parts += [name for name, on in (("cudnn.benchmark", self.cudnn_benchmark),
-                                        ("compiled", self.compile)) if on]
+                                        ("compiled, CUDA graphs" if self.compile == GRAPHS
+                                         else "compiled", self.compile)) if on]
         return ", ".join(parts)
 
 
@@ -190,5 +195,5 @@ def resolve_switches(config, device) -> Switches:
                     bf16=bf16, norm_fp32=bf16 and bool(config.norm_fp32), fp16=fp16,
                     tf32=autocast_dtype(device) == "bf16",        # CUDA from 8.0
                     cudnn_benchmark=pick(config.cudnn_benchmark, cuda),
-                    compile=pick(config.compile, False),
+                    compile=False if config.compile == AUTO else config.compile,
                     eval_batch_size=config.eval_batch_size or max(EVAL_BATCH, config.batch_size))

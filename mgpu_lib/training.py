@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .data import load_fashion_mnist, load_fashion_mnist_chapter
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
-from .config import Switches, TrainConfig, prepare_model, resolve_switches
+from .config import GRAPHS, Switches, TrainConfig, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
 # the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
@@ -339,7 +339,9 @@ def load_data(config: TrainConfig, device, switches: Switches):
 def replicated(net: nn.Module, switches: Switches) -> nn.Module:
     """What DataParallel replicates: `net`, compiled if asked, entering the run's autocast in
     each replica's own thread (`Autocast`) when the run computes in bf16 or fp16."""
-    model = torch.compile(net) if switches.compile else net
+    graphs = switches.compile == GRAPHS       # replay each step as CUDA graphs: fewer launches
+    model = torch.compile(net, mode="reduce-overhead" if graphs else None) if switches.compile \
+        else net
     if switches.bf16 or switches.fp16:
         model = Autocast(model, next(net.parameters()).device.type, switches)
     return model

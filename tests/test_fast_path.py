@@ -16,6 +16,8 @@ from mgpu_lib.book.cli import main
 from mgpu_lib.data import chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.lab.bench import cpu_bf16_support, native_bf16
+from dataclasses import replace
+
 from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe,
                                prepare_model, resolve_switches)
 from mgpu_lib.training import TrainConfig, make_model, make_step, train
@@ -425,3 +427,32 @@ def test_dataparallel_with_one_device_moves_the_module_itself(monkeypatch):
     moved.clear()
     nn.DataParallel(net, device_ids=[0, 1])
     assert moved == []
+
+@pytest.mark.slow
+def test_the_cuda_graph_step_gives_the_eager_step_s_loss():
+    """Issue 51: compile="graphs" (torch.compile's reduce-overhead mode: on a GPU each step is
+    replayed as CUDA graphs, fewer launches for a launch-bound step) is a switch of the one
+    step. On the CPU it compiles without graphs; the loss on a fixed batch is the eager one's."""
+    from mgpu_lib.training import replicated
+    config = TrainConfig(width=4, batch_size=8, compile="graphs")
+    switches = resolve_switches(config, "cpu")
+    assert switches.compile == "graphs" and "CUDA graphs" in switches.describe()
+    x, y = torch.rand(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    losses = []
+    for sw in (replace(switches, compile=False), switches):
+        net = make_model(config, "cpu")
+        model = replicated(net, sw)
+        step = make_step(model, torch.optim.SGD(net.parameters(), lr=0.05),
+                         nn.CrossEntropyLoss(), "cpu", sw)
+        losses.append([float(step(x, y)[0]) for _ in range(2)])
+    assert losses[1][0] == pytest.approx(losses[0][0], rel=1e-5)      # the same first step
+    assert losses[1][1] == pytest.approx(losses[0][1], rel=1e-3)      # fused kernels round apart
+
+
+def test_compile_graphs_is_a_value_of_the_compile_switch_and_nothing_else_is():
+    assert TrainConfig(compile="graphs").compile == "graphs"
+    for bad in ("graph", "yes", 1):
+        with pytest.raises(ValueError, match="compile"):
+            TrainConfig(compile=bad)
+    with pytest.raises(ValueError, match="bf16"):
+        TrainConfig(bf16="graphs")
