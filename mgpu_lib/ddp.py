@@ -36,16 +36,11 @@ from .training import (BN_METRICS, METRICS, PARTIAL, Shown, TrainConfig, TrainRe
                        check_out, evaluate, fit, fixed_sample, make_model, make_step, sgd)
 
 CKPT_NAME = "last.pt"
-CKPT_FORMAT = 1
-# A checkpoint continues only the run it came from: these settings must match (epochs may grow).
+# A snapshot continues only the run it came from: these settings must match (epochs may grow).
 CKPT_KEYS = ("batch_size", "lr", "seed", "width", "train_limit", "test_limit", "data_source")
 # A collective waits this long for a silent rank (a stopped or hung process) before failing.
 # Long enough for rank 0's evaluation at the end of an epoch, short enough to notice a hang.
 COLLECTIVE_TIMEOUT_S = 300.0
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is unreadable, truncated, or from a different run."""
 
 
 class RankInputError(ValueError):
@@ -77,71 +72,78 @@ def cpu_threads(world_size: int, cpus: Optional[int] = None) -> int:
     return max(1, (cpus or os.cpu_count() or 1) // world_size)
 
 
-def save_checkpoint(folder, net: nn.Module, optimizer, config: TrainConfig, world_size: int,
-                    result: TrainResult) -> Path:
-    """Write the state after `len(result.train_loss)` epochs: a temporary file, then a rename."""
-    folder = Path(folder)
-    state = {"format": CKPT_FORMAT, "epoch": len(result.train_loss),
-             "config": {k: getattr(config, k) for k in CKPT_KEYS}, "world_size": world_size,
-             "model": net.state_dict(), "optimizer": optimizer.state_dict(),
-             "rng": torch.get_rng_state(),
-             # plain JSON types: torch.load(weights_only=True) refuses others (a TorchVersion)
-             "result": json.loads(json.dumps(result.to_dict()))}
+def save_checkpoint(folder, net: nn.Module, optimizer, result: TrainResult) -> Path:
+    """Rank 0's snapshot after `len(result.train_loss)` epochs, as pytorch/examples' DDP
+    tutorial saves one: the model, the optimizer, the epoch and the result so far."""
+    snapshot = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": len(result.train_loss),
+                # in plain JSON types: torch.load(weights_only=True) refuses others
+                "result": json.loads(json.dumps(result.to_dict()))}
     buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return replace_file(folder / CKPT_NAME, buffer.getvalue())
+    torch.save(snapshot, buffer)
+    return write_atomic(Path(folder) / CKPT_NAME, buffer.getvalue())
 
 
-def replace_file(path, data: bytes) -> Path:
-    """Write `data` beside `path`, then rename it over `path`: a reader sees the old file or the
-    new one, never half of one."""
-    path = Path(os.path.realpath(path))
-    tmp = path.with_name(f".{path.name}{PARTIAL}{os.getpid()}")
+def write_atomic(path, data) -> Path:
+    """Write `data` (text or bytes) to a temporary file beside `path`, then rename it over
+    `path`: a reader sees the old file or the new one, never half of one, and a failed write
+    (a full disk) leaves neither a torn file nor the temporary one. A link at `path` is the
+    user's: the file it points to is replaced, not the link."""
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    tmp = path.with_name(f".{path.name}{PARTIAL}{os.getpid()}.{threading.get_ident()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            view = memoryview(data.encode() if isinstance(data, str) else data)
+            while view:                 # one os.write may take only part of it
+                view = view[os.write(f.fileno(), view):]
+            os.fsync(f.fileno())        # a full disk can show only here
         os.replace(tmp, path)
+    except OSError as e:        # one that says which file (a full disk says none)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
 def check_fresh(folder) -> None:
-    """Refuse to start a run (not `--resume`) over a checkpoint that is already in `folder`."""
+    """Refuse to start a run (not `--resume`) over a snapshot that is already in `folder`."""
     if folder and os.path.lexists(Path(folder) / CKPT_NAME):
-        raise CheckpointError(f"{Path(folder) / CKPT_NAME} exists (from an earlier run); use "
-                              f"--resume to continue it, or another --checkpoint folder")
+        raise ValueError(f"{Path(folder) / CKPT_NAME} exists (from an earlier run); use "
+                         f"--resume to continue it, or another --checkpoint folder")
 
 
-def differences(state: dict, config: TrainConfig, world_size: int) -> list[str]:
-    """What differs between a checkpoint's run and this one, e.g. ['lr 0.05 != 0.1']."""
-    theirs = {**state["config"], "world size": state["world_size"]}
+def differences(snapshot: dict, config: TrainConfig, world_size: int) -> list[str]:
+    """What keeps `snapshot` from continuing this run, e.g. ['lr was 0.05, now 0.1']: another
+    setting or world size (its result says them), or more epochs done than this run asks for."""
+    theirs = {**snapshot["result"]["config"], "world size": snapshot["result"]["num_devices"]}
     mine = {**{k: getattr(config, k) for k in CKPT_KEYS}, "world size": world_size}
-    return [f"{k} {theirs.get(k)!r} != {v!r}" for k, v in mine.items() if theirs.get(k) != v]
+    diff = [f"{k} was {theirs.get(k)!r}, now {v!r}" for k, v in mine.items() if theirs.get(k) != v]
+    if snapshot["epoch"] > config.num_epochs:
+        diff.append(f"{snapshot['epoch']} epochs done, more than --epochs {config.num_epochs}")
+    return diff
 
 
 def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimizer,
             result: TrainResult) -> int:
-    """Load `folder`'s checkpoint into `net`, `optimizer` and `result`; its epoch (0 without
-    one). A file that does not load, or another run's, is one CheckpointError line."""
+    """Load `folder`'s snapshot into `net`, `optimizer` and `result`; its epoch (0 without
+    one). A file that does not load, or another run's, is a ValueError saying why (its first
+    line) or what differs."""
     path = Path(folder) / CKPT_NAME
     if not path.is_file():
         return 0
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if diff := differences(state, config, world_size):
-            raise ValueError(f"it belongs to a different run: {'; '.join(diff)}")
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])   # nothing draws random numbers yet; dropout would
-    except Exception as e:     # a torn file, a pickle, another run: one line, not a traceback
-        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
-        raise CheckpointError(f"checkpoint {path} cannot be resumed ({first}); delete it or "
-                              f"run without --resume") from None
-    for key in METRICS + BN_METRICS:     # a checkpoint from before the readings has none
-        setattr(result, key, list(state["result"].get(key, [])))
-    result.extra["resumed_from_epoch"] = state["epoch"]
-    return state["epoch"]
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:      # a torn file, a pickle: one line, not a traceback
+        raise ValueError(f"{path} does not load: {type(e).__name__}: {e}") from None
+    if diff := differences(snapshot, config, world_size):
+        raise ValueError(f"{path} is another run's snapshot: {'; '.join(diff)}")
+    net.load_state_dict(snapshot["model"])
+    optimizer.load_state_dict(snapshot["optimizer"])
+    for key in METRICS + BN_METRICS:
+        setattr(result, key, snapshot["result"][key])
+    result.extra["resumed_from_epoch"] = snapshot["epoch"]
+    return snapshot["epoch"]
 
 
 LOG = "rank 0: "     # rank 0's lines start with this (torchrun mixes every rank's output)
@@ -223,7 +225,7 @@ def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progres
 def save_and_print(checkpoint, net, optimizer, world: int, r: TrainResult) -> None:
     """Rank 0's end of an epoch: the checkpoint (if asked for), then the epoch's line."""
     if checkpoint:
-        save_checkpoint(checkpoint, net, optimizer, TrainConfig(**r.config), world, r)
+        save_checkpoint(checkpoint, net, optimizer, r)
     print(LOG + epoch_line(r), flush=True)
 
 
@@ -262,28 +264,28 @@ def main(config: TrainConfig, out: Optional[str] = None,
         raise RankInputError(str(e)) from e
     if dist.get_rank() == 0:
         if out:          # saved first: the job may be stopped once it exists
-            replace_file(out, json.dumps(result.to_dict()).encode())
+            write_atomic(out, json.dumps(result.to_dict()))
         print(LOG + result.summary(), flush=True)
     # No `finally`: after an exception the process exits, and destroying the group
     # first could wait on a peer, delaying the error file that names the failed rank.
     dist.destroy_process_group()
 
 
-def on_off(text: str, auto: bool = False):
-    """A switch's value on a command line: on/off, true/false, yes/no, 1/0 (or 'auto')."""
+def on_off(text: str, words: bool = False):
+    """A switch's value on a command line: on/off, true/false, yes/no, 1/0; with `words`, any
+    other word as itself ('auto', 'graphs'), for `TrainConfig` to accept or refuse."""
     t = text.strip().lower()
-    if auto and t == "auto":
-        return "auto"
     if t in ("true", "on", "yes", "1", "false", "off", "no", "0"):
         return t in ("true", "on", "yes", "1")
-    raise argparse.ArgumentTypeError(f"must be on or off{' or auto' if auto else ''}, "
-                                     f"got {text!r}")
+    if words and t.isalpha():
+        return t
+    raise argparse.ArgumentTypeError(f"must be on or off, got {text!r}")
 
 
 # A setting's type (as `TrainConfig` declares it) -> how a command line reads its value; the
 # ranges are TrainConfig's own to check (`__post_init__`).
 READ = {"int": int, "Optional[int]": int, "float": float, "str": str, "bool": on_off,
-        "Union[bool, str]": lambda text: on_off(text, auto=True)}
+        "Union[bool, str]": lambda text: on_off(text, words=True)}
 
 
 def flag_name(f: dataclasses.Field) -> str:

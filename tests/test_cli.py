@@ -110,7 +110,7 @@ def documented_commands():
         texts += ["".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]]
     for text in texts:
         text = text.replace("\\\n", " ")
-        for m in re.finditer(r"-m mgpu_lib ((?:train|sweep|worker|bench)"
+        for m in re.finditer(r"-m mgpu_lib ((?:train|sweep|bench)"
                              r"(?:[ \t]+--[^\n#`\"]*)?)(?=[\s`\"]|$)", text):
             yield m.group(1).split()
 

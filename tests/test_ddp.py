@@ -1,6 +1,6 @@
 """DDP on gloo processes, CPU only: the arithmetic, one step against one process, sharding,
-the DDP program under torchrun (standalone and as two "nodes"), a killed rank and resume, how a
-failed rank is named, checkpoints, and the CLI."""
+the DDP program under torchrun (standalone and as two "nodes"), a killed rank and resume, a
+resumed run against an uninterrupted one, how a failed rank is named, snapshots, and the CLI."""
 import ast
 import contextlib
 import json
@@ -23,7 +23,7 @@ from torch import nn
 from mgpu_lib.book.store import load_result
 from mgpu_lib import ddp
 from mgpu_lib.data import shard_indices
-from mgpu_lib.lab import checkpoints, launcher
+from mgpu_lib.lab import launcher
 from mgpu_lib.perf import scaling
 from mgpu_lib.book.cli import main
 from mgpu_lib.training import TrainConfig, TrainResult, make_model, make_step
@@ -150,8 +150,8 @@ def test_two_nodes_on_one_machine(tmp_path):
             p.kill() if p.poll() is None else None
     assert [p.returncode for p in nodes] == [0, 0], logs
     result = load_result(out)
-    assert result.extra["world_size"] == 2 and result.extra["backend"] == "gloo"
-    assert result.extra["local_batch_size"] == 16 and len(result.test_acc) == 1
+    assert result.num_devices == 2 and "2 gloo processes" in result.hardware
+    assert len(result.test_acc) == 1
     assert result.steps_per_epoch == 12      # 200 images per rank, 12 full batches of 16
 
 
@@ -184,11 +184,8 @@ def test_killed_worker_fails_the_job_then_resume_finishes(tmp_path):
     assert rank_pid(0) == 0 and rank_pid(1) == 0       # nothing left behind
     saved = torch.load(ckpt / ddp.CKPT_NAME, weights_only=True)["epoch"]
     assert 1 <= saved < 3
-    torn = ckpt / f".{ddp.CKPT_NAME}{ddp.PARTIAL}k1ll3d"  # a kill during rank 0's save
-    torn.write_bytes(b"half a checkpoint")
 
     result = launcher.launch(config, 2, checkpoint=ckpt, resume=True, timeout_s=150)
-    assert not torn.exists()                    # before: kept after a successful resume
     assert result.extra["resumed_from_epoch"] == saved
     assert len(result.train_loss) == len(result.test_acc) == len(result.epoch_seconds) == 3
     assert result.status == "ok"
@@ -248,56 +245,103 @@ def test_train_and_trace_start_torchrun_with_the_ddp_programs_ranks(monkeypatch,
     assert trace.setup is ddp.setup
 
 
-# ---- checkpoints ------------------------------------------------------------------------------
+# ---- snapshots --------------------------------------------------------------------------------
 
-def _saved_checkpoint(folder: Path, config: TrainConfig) -> Path:
+def _rank_train(rank: int, folder: str, store: str, epochs: int, resume: bool) -> None:
+    """One of 2 ranks of `ddp.train` (no torchrun: a file rendezvous), snapshots in `folder`."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        ddp.train(tiny(num_epochs=epochs), torch.device("cpu"), checkpoint=folder, resume=resume)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_equals_the_run_never_stopped(tmp_path):
+    """2 ranks trained for 2 epochs, and 2 ranks trained for 1 then resumed from the snapshot
+    for the second, end with the same weights, optimizer and readings: the snapshot (model,
+    optimizer, epoch, result) holds all a run needs; no random state is missing."""
+    def run(name: str, epochs: int, resume: bool = False) -> dict:
+        store = tmp_path / f"{name}-{epochs}.store"
+        mp.spawn(_rank_train, args=(str(tmp_path / name), str(store), epochs, resume), nprocs=2)
+        return torch.load(tmp_path / name / ddp.CKPT_NAME, weights_only=True)
+    straight = run("straight", 2)
+    assert run("resumed", 1)["epoch"] == 1
+    resumed = run("resumed", 2, resume=True)
+    assert resumed["epoch"] == straight["epoch"] == 2
+    assert resumed["result"]["extra"]["resumed_from_epoch"] == 1
+    for key in ("train_loss", "train_acc", "test_acc"):
+        assert resumed["result"][key] == straight["result"][key], key
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+
+
+def _saved_checkpoint(folder: Path, config: TrainConfig, epochs: int = 1,
+                      world: int = 2) -> Path:
+    """A real snapshot of `config` after `epochs` epochs on `world` ranks."""
     net = make_model(config, "cpu")
     opt = torch.optim.SGD(net.parameters(), lr=config.lr)
-    result = TrainResult.create(config, hardware="cpu", num_devices=2,   # the whole header
-                                data_source="synthetic", steps_per_epoch=1)
-    for key, value in dict(test_acc=[0.5], train_loss=[1.0], train_acc=[0.4],
-                           epoch_seconds=[1.0], images_per_second=[100.0]).items():
-        setattr(result, key, value)
-    return ddp.save_checkpoint(folder, net, opt, config, 2, result)
+    result = TrainResult.create(config, "cpu", world, data_source="synthetic",
+                                steps_per_epoch=1)
+    for key in ("test_acc", "train_loss", "train_acc", "epoch_seconds", "images_per_second"):
+        setattr(result, key, [0.5] * epochs)
+    return ddp.save_checkpoint(folder, net, opt, result)
 
 
-def test_checkpoint_round_trip_and_mismatch(tmp_path):
-    config = tiny()
-    _saved_checkpoint(tmp_path, config)
-    assert not list(tmp_path.glob(".*"))                 # the temporary file was renamed
-    more = config.replace(num_epochs=5)                   # more epochs: ok
-    assert checkpoints.load_checkpoint(tmp_path, more, 2)["epoch"] == 1
+def _fresh(config: TrainConfig):
+    """What a rank restores into: a differently seeded model, its optimizer, an empty result."""
     net = make_model(config.replace(seed=7), "cpu")
     result = TrainResult(config={}, hardware="", num_devices=2, data_source="", steps_per_epoch=1)
-    opt = torch.optim.SGD(net.parameters(), lr=1)
-    assert ddp.restore(tmp_path, more, 2, net, opt, result) == 1       # what a rank does
-    saved = torch.load(tmp_path / ddp.CKPT_NAME, weights_only=True)
-    assert torch.equal(net.state_dict()["0.weight"], saved["model"]["0.weight"])
-    assert result.test_acc == [0.5] and result.extra["resumed_from_epoch"] == 1
-    with pytest.raises(ddp.CheckpointError, match="different run: lr 0.05 != 0.1"):
-        checkpoints.load_checkpoint(tmp_path, config.replace(lr=0.1), 2)
-    with pytest.raises(ddp.CheckpointError, match="world size 2 != 4"):
-        checkpoints.load_checkpoint(tmp_path, config, 4)
-    for other, world in ((config.replace(lr=0.1), 2), (config, 4)):   # a rank refuses it too
-        with pytest.raises(ddp.CheckpointError, match="cannot be resumed.*different run"):
-            ddp.restore(tmp_path, other, world, net, opt, result)
-    assert checkpoints.load_checkpoint(tmp_path / "none", config, 2) is None
-    assert ddp.restore(tmp_path / "none", config, 2, net, opt, result) == 0
+    return net, torch.optim.SGD(net.parameters(), lr=1), result
 
 
-def test_truncated_checkpoint_is_refused(tmp_path, capsys):
+def test_a_snapshot_is_the_tutorials_and_restores_whole(tmp_path):
     config = tiny()
     path = _saved_checkpoint(tmp_path, config)
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):
-        checkpoints.load_checkpoint(tmp_path, config, 2)
-    with pytest.raises(ddp.CheckpointError, match="truncated or corrupt"):   # before any start
-        launcher.launch(config, 2, checkpoint=tmp_path, resume=True)
-    code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke",
-                 "--width", "4", "--train-limit", "400", "--test-limit", "100",
-                 "--data-source", source(), "--checkpoint", str(tmp_path), "--resume"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "truncated or corrupt" in err
+    assert os.listdir(tmp_path) == [ddp.CKPT_NAME]          # the temporary file was renamed
+    saved = torch.load(path, weights_only=True)
+    assert set(saved) == {"model", "optimizer", "epoch", "result"}
+    net, opt, result = _fresh(config)
+    assert ddp.restore(tmp_path, config.replace(num_epochs=5), 2, net, opt, result) == 1
+    for name, tensor in saved["model"].items():             # more epochs: fine
+        assert torch.equal(net.state_dict()[name], tensor), name
+    assert opt.param_groups[0]["lr"] == config.lr            # the optimizer's state came back
+    assert result.test_acc == [0.5] and result.extra["resumed_from_epoch"] == 1
+    assert ddp.restore(tmp_path / "none", config, 2, *_fresh(config)) == 0   # a first run
+
+
+@pytest.mark.parametrize("other,world,differs", [
+    (dict(lr=0.1), 2, "lr was 0.05, now 0.1"), (dict(width=8), 2, "width was 4, now 8"),
+    ({}, 4, "world size was 2, now 4"), (dict(num_epochs=1), 2, "2 epochs done, more than "
+                                                             "--epochs 1")],
+    ids=["lr", "width", "world", "fewer-epochs"])
+def test_another_runs_snapshot_says_what_differs_and_loads_nothing(tmp_path, other, world,
+                                                                  differs):
+    config = tiny(lr=0.05, num_epochs=2)
+    path = _saved_checkpoint(tmp_path, config, epochs=2)
+    before = path.read_bytes()
+    net, opt, result = _fresh(config)
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(ValueError) as refused:
+        ddp.restore(tmp_path, config.replace(**other), world, net, opt, result)
+    assert "\n" not in str(refused.value) and differs in str(refused.value), refused.value
+    assert str(path) in str(refused.value)
+    assert path.read_bytes() == before and result.test_acc == []
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in weights.items())
+
+
+@pytest.mark.parametrize("bad", ["torn", "text"])
+def test_a_snapshot_that_does_not_load_is_refused_and_left_as_it_was(tmp_path, bad):
+    config = tiny()
+    path = _saved_checkpoint(tmp_path, config)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if bad == "torn"
+                     else b"not a snapshot")
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="does not load") as refused:
+        ddp.restore(tmp_path, config, 2, *_fresh(config))
+    assert str(path) in str(refused.value).splitlines()[0]
+    assert path.read_bytes() == before
 
 
 # ---- the command line -------------------------------------------------------------------------
@@ -316,15 +360,27 @@ def test_cli_nprocs_needs_ddp(capsys):
 
 
 @pytest.mark.slow
-def test_entry_point_needs_torchrun():
+def test_the_ddp_program_needs_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    run = subprocess.run([sys.executable, "-m", "mgpu_lib", "worker", "--profile", "smoke"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "run this under torchrun" in run.stderr
-    assert run.stderr.count("\n") == 1
     run = subprocess.run([sys.executable, "-m", "mgpu_lib.ddp", "--epochs", "1"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "run this under torchrun" in run.stderr, run.stderr
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "run this under torchrun" in run.stderr, run.stderr
+
+
+def test_one_ddp_entry_the_cli_has_no_worker(capsys):
+    """`torchrun -m mgpu_lib.ddp` is the one rank program; the CLI's `worker` went."""
+    with pytest.raises(SystemExit) as refused:
+        main(["worker", "--profile", "smoke"])
+    assert refused.value.code == 2 and "invalid choice: 'worker'" in capsys.readouterr().err
+
+
+def test_a_rank_past_the_world_is_refused_before_the_rendezvous(monkeypatch):
+    """Issue 39: RANK 5 of 2 waited for a rendezvous that never comes."""
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ddp.RankInputError, match="RANK 5 is not below WORLD_SIZE 2"):
+        ddp.main(tiny())
 
 
 def test_ring_allreduce_leaves_every_rank_with_every_sum():

@@ -20,7 +20,8 @@ from mgpu_lib.lab import trace as trace_mod
 from mgpu_lib.devices import DeviceError, num_gpus
 from mgpu_lib.lab.events import (Event, Overlap, RankTrace, TraceRun, backward_spans,
                              mean_overlap, measure_overlap, overlap_rows, read_trace,
-                             save_events, write_atomic)
+                             save_events)
+from mgpu_lib.ddp import write_atomic
 from mgpu_lib.lab.launcher import LaunchError
 from mgpu_lib.model import resnet18
 from mgpu_lib.book.profiles import get_profile

@@ -41,7 +41,8 @@ from mgpu_lib.hetero import HeteroDataParallel
 from mgpu_lib.lab.bench import add_tflops, measure
 from mgpu_lib.lab.diagnose import topology
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
-from mgpu_lib.lab.files import record_header, write_atomic
+from mgpu_lib.ddp import write_atomic
+from mgpu_lib.lab.files import record_header
 from mgpu_lib.lab.hetero_bench import default_setup, measure_sync, measure_throughput, split_curve
 from mgpu_lib.perf.scaling import DEVICES
 from mgpu_lib.perf.split_time import best_split, shard_grid

@@ -6,7 +6,7 @@
     python -m mgpu_lib bench --width 16 --out runs/bench.jsonl
     python -m mgpu_lib pages          # each page's predicted run time (the README's table)
     python -m mgpu_lib trace --nprocs 2 --profile smoke --bucket-cap-mb 1 --out runs/trace
-    torchrun --standalone --nproc_per_node=2 -m mgpu_lib worker --profile smoke   # DDP itself
+    torchrun --standalone --nproc_per_node=2 -m mgpu_lib.ddp --epochs 1   # DDP itself
 
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
 (its result is still written); 130 Ctrl-C and 143 SIGTERM. Output paths are checked before any
@@ -29,8 +29,7 @@ from typing import Optional, Sequence
 
 from ..lab.bench import bench, check_fits, format_bench
 from ..data import DataError
-from .. import ddp
-from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S
+from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, check_fresh
 from ..devices import DeviceError, num_gpus, try_gpu
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
@@ -38,7 +37,6 @@ from .store import Output, ResultsError, append, check_writable
 from ..config import AUTO, channels_last_safe, is_number
 from ..ddp import add_flags
 from .flags import COUNT, POSITIVE_INT, Check, on_cli
-from ..lab import checkpoints
 from ..lab.launcher import LaunchError, launch
 from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
                     plural, predicted_sweep, sweep, unique, vary_keys)
@@ -78,7 +76,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(config=TrainConfig) -> Parser:
-    """The command line; every `config.setting` field is a flag of train, sweep and worker."""
+    """The command line; every `config.setting` field is a flag of train and sweep."""
     parser = Parser(prog="python -m mgpu_lib", description=__doc__.splitlines()[0])
     parser.set_defaults(config_class=config)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -138,15 +136,6 @@ def build_parser(config=TrainConfig) -> Parser:
     p.add_argument("--norm-fp32", action="store_true",
                    help="with --bf16 on: keep BatchNorm (and what follows it) in fp32")
     p.add_argument("--out", help="append the result as one line to this JSON Lines file")
-
-    p = command("worker", "the DDP program (mgpu_lib.ddp) with a profile; run it under torchrun",
-                trains=True)
-    p.add_argument("--checkpoint", help="folder for a checkpoint after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--timeout", type=TIMEOUT, default=COLLECTIVE_TIMEOUT_S,
-                   help="seconds a collective may wait for a silent rank")
-    p.add_argument("--config", help="a TrainConfig as JSON, in place of the flags")
 
     command("pages", "each page's predicted run time (the README's table)")
 
@@ -259,6 +248,8 @@ def _train_ddp(config, args):
         raise ValueError("--resume needs --checkpoint DIR")
     if args.checkpoint:          # a folder we cannot write: now, not after the first epoch
         check_writable(Path(args.checkpoint) / CKPT_NAME)
+    if not args.resume:          # an earlier run's snapshot is never replaced
+        check_fresh(args.checkpoint)
     try:      # launch echoes rank 0's progress and summary lines
         return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
                       resume=args.resume, collective_timeout_s=args.timeout or COLLECTIVE_TIMEOUT_S,
@@ -266,43 +257,6 @@ def _train_ddp(config, args):
     except LaunchError as e:    # a failed rank: one line, exit code 1
         print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
         return None
-
-
-def cmd_worker(args) -> int:
-    """`mgpu_lib.ddp`'s rank, its config from a profile and the flags. A run that diverged exits
-    0 too: its result says so."""
-    missing = [k for k in TORCHRUN_ENV if k not in os.environ]
-    if missing:
-        raise ValueError(f"run this under torchrun (no {', '.join(missing)} in the "
-                         "environment): torchrun --nproc_per_node=N -m mgpu_lib worker ...")
-    if args.devices is not None:
-        raise ValueError("--devices does not apply: torchrun's --nproc_per_node sets the "
-                         "processes")
-    try:
-        if args.config:                        # the exact config `launch` wrote (JSON)
-            try:
-                config = TrainConfig(**json.loads(Path(args.config).read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError) as e:
-                raise ValueError(f"--config {args.config}: not a TrainConfig JSON file ({e})"
-                                 ) from None
-        else:
-            config = config_from_args(args)
-        if args.out:
-            check_writable(args.out)
-        if args.checkpoint:       # a folder we cannot write: now, not after the first epoch
-            check_writable(Path(args.checkpoint) / CKPT_NAME)
-            checkpoints.check(args.checkpoint, config, int(os.environ["WORLD_SIZE"]),
-                              args.resume)
-        ddp.main(config, args.out, args.checkpoint, args.resume, args.backend, args.timeout)
-    except (ValueError, DataError, DeviceError) as e:     # CheckpointError is a ValueError
-        print(f"mgpu_lib worker rank {os.environ['RANK']}: error: {e}", file=sys.stderr,
-              flush=True)
-        return 2
-    return 0
-
-
-# What torchrun gives each rank; `init_process_group` reads them.
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def cmd_pages(args) -> int:
@@ -363,8 +317,8 @@ def cmd_trace(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "worker": cmd_worker,
-            "pages": cmd_pages, "trace": cmd_trace}
+COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "pages": cmd_pages,
+            "trace": cmd_trace}
 
 
 class _Stdout:
@@ -440,17 +394,14 @@ def sigterm_interrupts():
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _open_std_streams()
     args = build_parser().parse_args(argv)
-    # a DDP worker's reader is its supervisor: once that is gone, the worker should stop too
-    out = _Stdout(sys.stdout) if args.command != "worker" else sys.stdout
-    # a worker is torchrun's to stop; elsewhere SIGTERM says what it stopped, as Ctrl-C does
-    try:
-        with redirect_stdout(out), (sigterm_interrupts() if args.command != "worker"
-                                    else nullcontext()):
+    out = _Stdout(sys.stdout)
+    try:     # SIGTERM says what it stopped, as Ctrl-C does
+        with redirect_stdout(out), sigterm_interrupts():
             try:
                 code = COMMANDS[args.command](args)
             finally:
                 out.flush()
-        if getattr(out, "error", None) is not None:     # the result, if any, is saved
+        if out.error is not None:     # the result, if any, is saved
             print(f"python -m mgpu_lib {args.command}: error: cannot write standard output: "
                   f"{out.error.strerror or out.error}", file=sys.stderr)
             return code or 2

@@ -21,7 +21,8 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..config import _int as _is_int
-from ..lab.files import file_kind, stamp, write_atomic, write_fully
+from ..ddp import write_atomic
+from ..lab.files import file_kind, stamp, write_fully
 from ..training import LEGACY_SCHEMA, METRICS, SCHEMA, STATUSES, TrainResult, check_out
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records

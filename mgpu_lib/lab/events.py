@@ -10,8 +10,8 @@ from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..ddp import write_atomic
 from ..perf.scaling import Overheads
-from .files import write_atomic
 
 # What each event is, from its name in the trace (gloo's and NCCL's names for the collectives).
 KIND_OF = [("allreduce", re.compile(r"^(gloo|nccl):all_reduce$")),

@@ -1,5 +1,5 @@
-"""Files and provenance for the book's records: atomic writes, what a path is when it is no
-file, and the header that says what produced a record (package version and git revision)."""
+"""Files and provenance for the book's records: what a path is when it is no file, and the
+header that says what produced a record (package version and git revision)."""
 from __future__ import annotations
 
 import functools
@@ -7,14 +7,13 @@ import os
 import platform
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import cpuinfo
 import torch
 
-from ..training import PARTIAL, SCHEMA, package_version
+from ..training import SCHEMA, package_version
 
 
 def write_fully(fd: int, data: bytes) -> None:
@@ -33,34 +32,12 @@ def file_kind(mode: int) -> str:
 
 def not_a_file(path) -> Optional[str]:
     """What is at `path` if it is there but is not a regular file or a link to one, else None.
-    `write_atomic` would replace it, so outputs are checked with this before any work starts."""
+    `ddp.write_atomic` would replace it, so outputs are checked with this before any work
+    starts."""
     path = Path(path)
     if not os.path.lexists(path) or path.is_file():
         return None
     return file_kind(path.stat().st_mode) if path.exists() else "a link to nothing"
-
-
-def write_atomic(path, data) -> Path:
-    """Write `data` (text or bytes) to `path` through a temporary file beside it, then a rename:
-    readers see the old file or the new one, and a failed write (a full disk) leaves no torn
-    file. A link at `path` is the user's: the file it points to is replaced, not the link."""
-    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
-    try:
-        try:
-            write_fully(fd, data.encode() if isinstance(data, str) else data)
-            os.fsync(fd)                # a full disk can show only here
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o644)            # mkstemp makes 0600; results are for everyone to read
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:     # say which file
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    return path
 
 
 def _git(*args: str, cwd: Path) -> Optional[str]:

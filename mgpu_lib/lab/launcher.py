@@ -23,7 +23,6 @@ from ..config import TrainConfig
 from ..ddp import COLLECTIVE_TIMEOUT_S, LOG, choose_backend, cpu_threads, local_batch_size
 from ..devices import DeviceError, num_gpus
 from ..training import TrainResult
-from . import checkpoints
 from .failures import Ended, LaunchError, failure, read_failures  # noqa: F401 (LaunchError)
 from .reaper import MARK, kill_ranks, reaped, stop, stop_all, tree  # noqa: F401 (tree, stop_all)
 
@@ -97,7 +96,7 @@ def supervise(cmd, env, timeout_s: Optional[float], log=None, logs=None, done=No
                             text=True, encoding="utf-8", errors="replace", **popen_options())
     reader = threading.Thread(target=_pump, args=(proc, tail, log), daemon=True)
     reader.start()
-    ended, since = Ended(-1), None
+    ended, since, late = Ended(-1), None, False
     deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -110,10 +109,11 @@ def supervise(cmd, env, timeout_s: Optional[float], log=None, logs=None, done=No
                 since = float("inf")
     finally:
         if proc.poll() is None:     # a timeout, an interrupt or another error
+            late = time.monotonic() >= deadline
             stop(proc)
     reader.join(5)
     ended.code, ended.lines = proc.returncode, list(tail)
-    if time.monotonic() >= deadline and ended.code != 0:
+    if late:        # not by its exit code: one psutil reaped reads as 0 (Popen's ECHILD)
         raise LaunchError(f"DDP job timed out after {timeout_s:g} s (a rank hung or is too "
                           f"slow) and was stopped; last output: {ended.last}")
     return ended
@@ -137,12 +137,11 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto",
     rank 0's result. `log` gets rank 0's lines. No wall-clock limit unless `timeout_s` is
     given (issue 52: a hidden hour had cut long runs off): a rank that stops answering fails
     the job after `collective_timeout_s`, the limit `--timeout` sets. A DeviceError
-    (`check_nprocs`), a RankInputError (bad input) or a LaunchError (a rank failed)."""
+    (`check_nprocs`), a RankInputError (a rank refused its input: the data, a checkpoint that
+    does not load or is another run's) or a LaunchError (a rank failed)."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
     check_nprocs(nprocs, backend)
-    if checkpoint:      # a bad checkpoint, or another run's, is refused now
-        checkpoints.check(checkpoint, config, nprocs, resume)
     with job_folder("mgpu-ddp-") as job:
         given, out = job / "config.json", job / "result.json"
         given.write_text(json.dumps(config.to_dict()), encoding="utf-8")

@@ -27,12 +27,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from ..ddp import choose_backend, local_batch_size, setup
+from ..ddp import choose_backend, local_batch_size, setup, write_atomic
 from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
 from ..training import TrainConfig, make_model
 from .events import TraceRun, overlap_rows, read_trace, save_events
-from .files import not_a_file, write_atomic
+from .files import not_a_file
 from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
