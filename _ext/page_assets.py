@@ -9,6 +9,12 @@ Apache-2.0, no dependencies; a dev extra). Only what the pages can ask for is co
 accessibility components and speech rules. A build without the package warns (and so fails
 under `make book`'s -W). A `mathjax_path` that is a URL is left alone.
 
+MathJax only where there is math. Sphinx's mathjax extension loads MathJax on a page when its
+math domain says the page "has equations", and that counts the pages of the page's toctree too:
+the root page (intro), whose toctree holds every chapter, loaded the 1.2 MB bundle and its fonts
+with no equation of its own. Each page keeps MathJax (the bundle and its `window.MathJax`
+configuration) only when the page itself has math; the others drop it.
+
 Inline scripts once. Sphinx 7.4 writes an inline script twice when an extension adds it after
 the builder started (sphinx-thebe's and sphinx-togglebutton's configuration): the builder keeps
 it with filename None, then re-adds it from the registry as '' and the two do not compare
@@ -71,15 +77,39 @@ def _script_key(script) -> tuple:
             tuple(sorted((k, str(v)) for k, v in attributes.items())))
 
 
-def scripts_once(app, pagename, templatename, context, doctree) -> None:
-    """Each of the page's scripts once, the first of each kept in place."""
+def page_has_math(app, pagename: str) -> bool:
+    """Whether the page itself (not the pages of its toctree) has math."""
+    try:
+        domain = app.env.get_domain("math")
+    except Exception:  # noqa: BLE001  (no math domain: nothing to judge, keep what Sphinx did)
+        return True
+    return bool(domain.data.get("has_equations", {}).get(pagename, False))
+
+
+def is_mathjax(app, script) -> bool:
+    """A script of Sphinx's mathjax extension: the bundle at `mathjax_path`, or its inline
+    configuration (`window.MathJax = ...`, or MathJax 2's text/x-mathjax-config)."""
+    attributes = getattr(script, "attributes", {}) or {}
+    name = getattr(script, "filename", script) or ""
+    path = app.config.mathjax_path or ""
+    if path and name and name in (path, posixpath.join("_static", path)):
+        return True
+    body = str(attributes.get("body", "") or "")
+    return (not name and (body.lstrip().startswith("window.MathJax")
+                          or attributes.get("type") == "text/x-mathjax-config"))
+
+
+def page_scripts(app, pagename, templatename, context, doctree) -> None:
+    """Each of the page's scripts once, the first of each kept in place; MathJax's only where
+    the page has math."""
     scripts = context.get("script_files")
     if not scripts:
         return
+    math = page_has_math(app, pagename)
     seen, once = set(), []
     for script in scripts:
         key = _script_key(script)
-        if key not in seen:
+        if key not in seen and (math or not is_mathjax(app, script)):
             seen.add(key)
             once.append(script)
     if len(once) < len(scripts):
@@ -88,5 +118,5 @@ def scripts_once(app, pagename, templatename, context, doctree) -> None:
 
 def setup(app):
     app.connect("build-finished", copy_mathjax)
-    app.connect("html-page-context", scripts_once, priority=900)  # after those that add scripts
+    app.connect("html-page-context", page_scripts, priority=900)  # after those that add scripts
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -28,3 +28,38 @@
     bound.click();
   });
 })();
+
+/* The drawer closes after a tap on one of its links. Below 992 px the theme shows the chapter
+ * list and the page's contents in a modal <dialog> that only a tap on its backdrop or Escape
+ * closes: a reader who taps a section of this page (or the page itself) lands there with the
+ * drawer still covering it, and one who taps another chapter sees the drawer until that page
+ * loads (and again on coming back, when the browser restores the page as it was left).
+ * Closing the dialog also puts the sidebar's nodes back where the theme keeps them, so the
+ * link's own navigation goes on as usual. tools/check_layout.py taps a link in each drawer.
+ */
+(function () {
+  "use strict";
+  var DRAWERS = "#pst-primary-sidebar-modal, #pst-secondary-sidebar-modal";
+  document.addEventListener("click", function (event) {
+    if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) {
+      return;  // a link opened in another tab or window: this page's drawer stays as it was
+    }
+    var target = event.target instanceof Element ? event.target : null;
+    var link = target && target.closest("a[href]");
+    var drawer = link && link.closest(DRAWERS);
+    if (!drawer || !drawer.open) return;
+    // The theme hands focus back to the toggle when the drawer closes, which shows the
+    // toggle's tooltip over the page the reader asked for; a link was taken, not dismissed.
+    drawer.addEventListener("close", function () {
+      var focused = document.activeElement;
+      if (focused && focused.closest && focused.closest(".sidebar-toggle")) focused.blur();
+    }, {once: true});
+    drawer.close();
+  });
+  window.addEventListener("pageshow", function (event) {
+    if (!event.persisted) return;
+    document.querySelectorAll(DRAWERS).forEach(function (drawer) {
+      if (drawer.open) drawer.close();
+    });
+  });
+})();

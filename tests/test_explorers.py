@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from mgpu_lib.book.explore import gpus_explorer, split_explorer  # noqa: E402
+from mgpu_lib.book.explore import gpus_explorer, gpu_values, links, split_explorer  # noqa: E402
 from mgpu_lib.perf.evidence import band, epoch_time, workload  # noqa: E402
 from mgpu_lib.perf.runtime import step_seconds  # noqa: E402
 from mgpu_lib.perf.scaling import DEVICES, LINKS, pair_link  # noqa: E402
@@ -45,7 +45,7 @@ def seconds(x: float) -> str:
 
 def test_gpus_widget_shows_the_models_band(gpus):
     c = gpus.controls
-    assert (c["gpu"].value, c["n"].value, c["strategy"].value) == (K80.name, 1, "DataParallel")
+    assert (c["gpu"].value, c["n"].value, c["strategy"].value) == (K80.name, 2, "DataParallel")
     for n, strategy, mode, batch in ((16, "DataParallel", "per GPU", 256),
                                      (16, "DDP", "global", 256), (8, "DDP", "per GPU", 64)):
         started = time.perf_counter()
@@ -71,6 +71,26 @@ def test_gpus_widget_follows_the_gpu_and_its_links(gpus):
     mid = band(epoch_time(2, 512, spec, LINKS["PCIe gen3 x16"], "dp"), spec)[1]
     assert gpus.shown("mid") == seconds(mid)
     assert "Published" not in gpus.shown("note")   # d2l's builds ran on NVLink
+
+
+def test_gpus_explorer_opens_where_every_control_matters():
+    """ex1 opens at 2 GPUs: there the strategy, what the batch counts and the link each change
+    the prediction (at 1 GPU they change nothing), and the book's view opens at the same
+    setting, showing the widget's panel."""
+    fresh = gpus_explorer()
+    c = fresh.controls
+    assert c["n"].value == 2
+    setting = {k: c[k].value for k in ("gpu", "n", "strategy", "mode", "batch", "link")}
+    others = {"strategy": "DDP", "mode": "global", "link": list(links(setting["gpu"]))[-1]}
+    for n, differs in ((1, False), (2, True)):
+        base = gpu_values(**{**setting, "n": n})
+        for key, value in others.items():
+            moved = gpu_values(**{**setting, "n": n, key: value})
+            assert (moved["mid"] != base["mid"]) is differs, (n, key)
+    view = fresh.view
+    assert 'name="n" min="0" max="15" value="1"' in view     # the range's index: 2 GPUs
+    assert "<output>2</output>" in view
+    assert fresh.panel.value in view                          # the same panel, word for word
 
 
 def test_split_widget_shows_the_split_arithmetic(split):

@@ -93,6 +93,9 @@ EQUATION = ('<div class="math notranslate nohighlight"><mjx-container class="Mat
 SHADOW = "background: linear-gradient(to left, white, transparent) right / 1rem 100% no-repeat;"
 
 
+FADE = "mask-image: linear-gradient(to left, rgba(0, 0, 0, 0.15), #000 2.5rem);"
+
+
 def clean_body(root: Path) -> str:
     """What a good page holds: a scaled-down retina plot, a table, a value shown by a bare name,
     a captioned figure that links to its file, TeX shown as code, a wide equation that scrolls
@@ -131,7 +134,8 @@ def _faults(root: Path) -> list:
         ("inline height on a phone",
          f'<img alt="p" src="{fixed}" style="width: 600px; height: 300px !important;" />',
          "distorted image", "shown 368x300", {400}),
-        ("over-wide table", f'<div class="pst-scrollable-table-container">{wide_table}</div>',
+        ("over-wide table", f'<div class="pst-scrollable-table-container" style="{FADE}">'
+                            f'{wide_table}</div>',
          "wider than the column", "table", {1280}),
         ("over-wide output", cell("print(x)", '<div class="output stream"><pre>'
                                   + "x" * 300 + "</pre></div>"),
@@ -170,6 +174,10 @@ def _faults(root: Path) -> list:
          "request to another host", "cdn.jsdelivr.net", {1280, 400}),
         ("missing file", '<img alt="gone" src="../_images/gone.png" />',
          "failed request", "gone.png", {1280, 400}),
+        ("table scrolling unseen",   # fits the 1280 column, not a phone's
+         '<div class="pst-scrollable-table-container"><table><tr>'
+         + "".join(f"<td>column_{i}_wide</td>" for i in range(6)) + "</tr></table></div>",
+         "table scrolls unseen", "no fade or shadow", {400}),
     ]
 
 
@@ -177,7 +185,8 @@ FAULT_IDS = ["squashed image", "inline height on a phone", "over-wide table", "o
              "visible nan", "bare name rendering nothing", "heading numbered twice",
              "unbreakable name", "clipped equation", "equation scrolling unseen", "raw TeX",
              "path as alt text", "figure without a link", "console error",
-             "script included twice", "script from a CDN", "missing file"]
+             "script included twice", "script from a CDN", "missing file",
+             "table scrolling unseen"]
 
 
 @pytest.mark.parametrize("planted", FAULT_IDS)
@@ -204,15 +213,17 @@ def test_repeated_heading_number_across_pages(browser, tmp_path: Path):
 SIDEBAR = """
 <style>#pst-primary-sidebar {{ position: fixed; left: 0; top: 0; width: 240px; }}
 @media (max-width: 991px) {{ #pst-primary-sidebar {{ left: -300px; }} }}
-.pst-sidebar-hidden {{ visibility: hidden; }} .bd-header button {{ display: none; }}</style>
+.pst-sidebar-hidden {{ visibility: hidden; }} .bd-header button {{ display: none; }}
+.bd-header-article button:focus-visible {{ outline: 3px solid #c132af; }}</style>
 <header class="bd-header"><button class="sidebar-toggle primary-toggle">top bar</button></header>
 <div class="bd-header-article"><button class="sidebar-toggle primary-toggle"
   title="Toggle primary sidebar">&#9776;</button></div>
 <dialog id="pst-primary-sidebar-modal"></dialog>
 <div id="pst-primary-sidebar"><nav><ul><li><a href="#part">1. Part</a></li></ul></nav></div>
+<div style="height: 3000px"></div>
 <script>{fix}</script>
 <script>
-  const toggle = document.querySelector(".primary-toggle");
+  const toggle = document.querySelector("{bound}");
   const dialog = document.getElementById("pst-primary-sidebar-modal");
   const sidebar = document.getElementById("pst-primary-sidebar");
   toggle.addEventListener("click", (event) => {{
@@ -230,7 +241,8 @@ SIDEBAR = """
 
 
 def test_sidebar_toggle_bound_by_the_theme_alone_is_reported(browser, tmp_path: Path):
-    write_page(tmp_path, "nav", clean_body(tmp_path) + SIDEBAR.format(fix=""))
+    write_page(tmp_path, "nav",
+               clean_body(tmp_path) + SIDEBAR.format(fix="", bound=".primary-toggle"))
     found = problems(browser, tmp_path)
     assert len(found) == 3 and all(": sidebar toggle does nothing: " in p for p in found), found
     assert any("@400" in p and "shows no link" in p for p in found), found
@@ -241,8 +253,111 @@ def test_sidebar_toggle_bound_by_the_theme_alone_is_reported(browser, tmp_path: 
 def test_sidebar_toggles_script_opens_the_sidebar(browser, tmp_path: Path):
     """_static/sidebar-toggles.js makes the visible toggle work at 400, 900 and 1280 px."""
     fix = (ROOT / "_static" / "sidebar-toggles.js").read_text(encoding="utf-8")
-    write_page(tmp_path, "nav", clean_body(tmp_path) + SIDEBAR.format(fix=fix))
+    write_page(tmp_path, "nav",
+               clean_body(tmp_path) + SIDEBAR.format(fix=fix, bound=".primary-toggle"))
     assert problems(browser, tmp_path) == []
+
+
+def test_drawer_left_open_after_a_tap_is_reported(browser, tmp_path: Path):
+    """A theme that binds the visible toggle opens the drawer, which a tap on a link leaves open
+    (pydata-sphinx-theme's dialog closes on its backdrop and Escape only)."""
+    body = SIDEBAR.format(fix="", bound=".bd-header-article .primary-toggle")
+    write_page(tmp_path, "nav", clean_body(tmp_path) + body)
+    found = problems(browser, tmp_path)
+    assert {p.split(":")[0] for p in found} == {"chapters/nav.html @400", "chapters/nav.html @900"}
+    assert all(": drawer stays open after a tap: " in p and "'#part'" in p for p in found), found
+
+
+def test_drawer_closes_after_a_tap(browser, tmp_path: Path):
+    """_static/sidebar-toggles.js closes the drawer on a tap of its link, and the page goes to
+    the link's section."""
+    fix = (ROOT / "_static" / "sidebar-toggles.js").read_text(encoding="utf-8")
+    body = SIDEBAR.format(fix=fix, bound=".bd-header-article .primary-toggle")
+    page = write_page(tmp_path, "nav", clean_body(tmp_path) + body)
+    assert problems(browser, tmp_path) == []
+    tab = check_layout.open_page(browser, page, 400)
+    try:
+        tab.locator(".bd-header-article .primary-toggle").tap()
+        tab.locator("#pst-primary-sidebar-modal a").tap()
+        tab.wait_for_timeout(300)
+        assert not tab.evaluate("document.getElementById('pst-primary-sidebar-modal').open")
+        assert tab.evaluate("location.hash") == "#part"
+        assert tab.evaluate("document.querySelector('#part').getBoundingClientRect().top") < 100
+    finally:
+        tab.close()
+
+
+# The article header's buttons as sphinx-book-theme writes them, the theme's colours in both
+# modes, and Bootstrap's rule that takes the outline off a focused .btn.
+THEME = """<style>
+html[data-theme=light] {{ --pst-color-background: #fff; --pst-color-text-base: #222832;
+  --pst-color-text-muted: #48566b; --pst-color-border: #d1d5da; --pst-color-surface: #f3f4f5;
+  --pst-color-primary: #0a7d91; --pst-color-accent: #c132af; --pst-color-on-background: #fff;
+  color-scheme: light; }}
+html[data-theme=dark] {{ --pst-color-background: #121212; --pst-color-text-base: #ced6dd;
+  --pst-color-text-muted: #9ca4af; --pst-color-border: #48566b; --pst-color-surface: #29313d;
+  --pst-color-primary: #3fb1c5; --pst-color-accent: #e47fd7; --pst-color-on-background: #222832;
+  color-scheme: dark; }}
+body {{ background: var(--pst-color-background); color: var(--pst-color-text-base); }}
+.btn:focus-visible {{ box-shadow: none; outline: 0; }}
+html[data-theme=dark] .bd-content div.cell_output .text_html:not(:has(table.dataframe)) {{
+  background-color: var(--pst-color-text-base); border-radius: .25rem;
+  color: var(--pst-color-on-background); padding: .5rem; }}
+</style>{css}"""
+HEADER = """<div class="bd-header-article"><button class="sidebar-toggle primary-toggle btn btn-sm">
+<span>&#9776;</span></button><div class="article-header-buttons">
+<div class="dropdown dropdown-launch-buttons"><button class="btn dropdown-toggle" type="button"
+  aria-label="Launch interactive content">Launch</button></div>
+<a href="#part" class="btn btn-sm btn-source-repository-button" title="Source">Source</a>
+<div class="dropdown dropdown-download-buttons"><button class="btn dropdown-toggle" type="button"
+  aria-label="Download this page">Download</button></div></div></div>"""
+
+
+def _css(name: str) -> str:
+    return "<style>" + (ROOT / "_static" / name).read_text(encoding="utf-8") + "</style>"
+
+
+def test_header_buttons_without_a_focus_ring_are_reported(browser, tmp_path: Path):
+    write_page(tmp_path, "header", THEME.format(css="") + HEADER + clean_body(tmp_path))
+    found = problems(browser, tmp_path)
+    assert all(": no focus ring: " in p for p in found), found
+    for width in (400, 1280):
+        for mode in ("light", "dark"):
+            named = {name for name in ("☰", "Launch", "Source", "Download")
+                     if any(f"@{width}:" in p and f"{mode} mode" in p and name in p
+                            for p in found)}
+            assert named == {"☰", "Launch", "Source", "Download"}, (width, mode, found)
+
+
+def test_header_buttons_show_a_focus_ring(browser, tmp_path: Path):
+    """custom.css: a 3 px ring in the theme's accent, 3:1 or more in light and dark mode."""
+    write_page(tmp_path, "header",
+               THEME.format(css=_css("custom.css")) + HEADER + clean_body(tmp_path))
+    assert problems(browser, tmp_path) == []
+
+
+def test_page_assets_keeps_mathjax_only_where_the_page_has_math():
+    """_ext/page_assets.py: Sphinx counts a page's toctree in "has equations" (the intro loaded
+    MathJax for its chapters); each page keeps MathJax's two scripts only for its own math."""
+    from types import SimpleNamespace
+    from sphinx.builders.html._assets import _JavaScript
+    sys.path.insert(0, str(ROOT / "_ext"))
+    import page_assets
+    math = SimpleNamespace(data={"has_equations": {"intro": False, "chapters/08": True}})
+    app = SimpleNamespace(config=SimpleNamespace(mathjax_path="mathjax/tex-chtml.js"),
+                          env=SimpleNamespace(get_domain=lambda name: math))
+
+    def scripts(page: str) -> list[str]:
+        context = {"script_files": [
+            _JavaScript("_static/doctools.js"), _JavaScript("", body="window.MathJax = {}"),
+            _JavaScript("_static/mathjax/tex-chtml.js", defer="defer"),
+            _JavaScript("", body="const X = 1;"), _JavaScript(None, body="const X = 1;")]}
+        page_assets.page_scripts(app, page, "page.html", context, None)
+        return [js.filename or js.attributes["body"] for js in context["script_files"]]
+
+    assert scripts("intro") == ["_static/doctools.js", "const X = 1;"]
+    assert scripts("chapters/08") == ["_static/doctools.js", "window.MathJax = {}",
+                                      "_static/mathjax/tex-chtml.js", "const X = 1;"]
 
 
 def test_is_local():
@@ -307,14 +422,20 @@ def split_step(share: int, cpu_ips: float) -> str:
     return _shown_time(1e3 * predict_hetero_step(speeds, [256 - share, share], pcie_sync_s(v100)))
 
 
+def gpus_at(tab) -> int:
+    """How many GPUs ex1's explorer on the page is set to (its range's output)."""
+    return int(tab.locator('.mgpu-explorer[data-explorer="gpus"] output').first.inner_text())
+
+
 def moved_gpus(tab) -> list[str]:
-    """ex1's GPUs from 1 to 16 with the keyboard: what disagrees with the library."""
+    """ex1's GPUs from where it opens to 16 with the keyboard: what disagrees with the library."""
+    n = gpus_at(tab)
     before = check_layout.explorer_shows(tab, "gpus")
     after = check_layout.press(tab, "gpus", "n", "End")
-    if (before["mid"], after["mid"]) == (k80_epoch(1), k80_epoch(16)):
+    if (before["mid"], after["mid"]) == (k80_epoch(n), k80_epoch(16)):
         return []
     return [f"ex1 shows {before['mid']} then {after['mid']} s per epoch, the library "
-            f"{k80_epoch(1)} then {k80_epoch(16)}"]
+            f"{k80_epoch(n)} then {k80_epoch(16)}"]
 
 
 def moved_split(tab, cpu_ips: float) -> list[str]:
@@ -346,20 +467,25 @@ def explorers_move(browser, pages: dict, width: int, cpu_ips: float) -> list[str
     return found
 
 
-def explorer_page(root: Path) -> Path:
-    """A planted page with both views as myst-nb writes an HTML output, the theme's Bootstrap
-    rule that hides every [hidden], and the book's _static/explorer.css and explorer.js."""
+def explorer_page(root: Path, css: str | None = None) -> Path:
+    """A planted page with both views as myst-nb writes an HTML output, the theme's colours in
+    both modes with its dark-mode box behind HTML outputs, its Bootstrap rule that hides every
+    [hidden], and the book's _static/explorer.css (or `css`) and explorer.js."""
     import shutil
     from mgpu_lib.book.explore import gpus_explorer, split_explorer
     (root / "_static").mkdir(parents=True, exist_ok=True)
     for name in ("explorer.css", "explorer.js"):
         shutil.copy(ROOT / "_static" / name, root / "_static" / name)
+    if css is not None:
+        (root / "_static" / "explorer.css").write_text(css, encoding="utf-8")
     views = [gpus_explorer().view, split_explorer(EXPLORER_CPUS, pcie_sync_s).view]
-    return write_page(root, "explore", "<style>[hidden] { display: none !important; }</style>"
+    return write_page(root, "explore", THEME.format(css="")
+                      + "<style>[hidden] { display: none !important; }</style>"
                       '<link rel="stylesheet" href="../_static/explorer.css">'
+                      '<div class="bd-content">'
                       + "".join(cell("explorer()", f'<div class="output text_html">{v}</div>')
                                 for v in views)
-                      + '<script src="../_static/explorer.js"></script>')
+                      + '</div><script src="../_static/explorer.js"></script>')
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +501,62 @@ def test_explorers_follow_their_controls_offline(browser, planted_explorers, wid
 
 
 def test_explorers_lay_out_cleanly(browser, planted_explorers):
+    """Among the rules: every label and line of text at 4.5:1 or more in light and dark mode."""
     assert problems(browser, planted_explorers.parent.parent) == []
+
+
+def test_explorers_read_in_dark_mode(browser, planted_explorers):
+    """Dark mode: a label on the page's own dark background at WCAG AA, the radios drawn for
+    the same dark scheme as the box they sit in (not dark radios in the theme's light box)."""
+    tab = check_layout.open_page(browser, planted_explorers, 400)
+    try:
+        tab.evaluate("document.documentElement.dataset.theme = 'dark'")
+        legend = tab.locator('.mgpu-explorer[data-explorer="gpus"] legend').first
+        ratio = legend.evaluate("""(el) => {
+          const rgb = c => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+          const lum = c => c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92
+                                       : Math.pow((v + 0.055) / 1.055, 2.4); })
+                            .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+          let bg = el;
+          while (getComputedStyle(bg).backgroundColor === 'rgba(0, 0, 0, 0)') bg = bg.parentElement;
+          const a = lum(rgb(getComputedStyle(el).color));
+          const b = lum(rgb(getComputedStyle(bg).backgroundColor));
+          return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+        }""")
+        assert ratio >= 4.5, ratio
+        radio = tab.locator('.mgpu-explorer[data-explorer="gpus"] input[type="radio"]').first
+        assert radio.evaluate("r => getComputedStyle(r).colorScheme") == "dark"
+        behind = radio.evaluate("""(r) => { let e = r;
+          while (getComputedStyle(e).backgroundColor === 'rgba(0, 0, 0, 0)') e = e.parentElement;
+          return getComputedStyle(e).backgroundColor; }""")
+        assert behind == "rgb(18, 18, 18)", behind   # the page's dark background
+    finally:
+        tab.close()
+
+
+def test_explorer_in_the_themes_light_box_is_reported(browser, tmp_path: Path):
+    """Without explorer.css's colours (the page's own, in the explorer and in the output that
+    holds it) the theme's light box behind HTML outputs holds the explorer's muted labels, grey
+    on light grey (1.71:1 in the book)."""
+    css = (ROOT / "_static" / "explorer.css").read_text(encoding="utf-8")
+    own = "  color: var(--pst-color-text-base);\n  background: var(--pst-color-background);\n"
+    assert own in css
+    css = css[:css.index("/* Dark mode:")].replace(own, "")
+    explorer_page(tmp_path, css=css)
+    found = problems(browser, tmp_path)
+    assert found and all(": explorer text low contrast: explorer: dark mode: " in p
+                         for p in found), found
+    assert any("'GPU' at 1.71:1" in p for p in found), found
+
+
+def test_mathjax_only_with_math(browser, tmp_path: Path):
+    """A page that loads MathJax has math to typeset (_ext/page_assets.py drops it elsewhere)."""
+    config = '<script>window.MathJax = {"options": {}}</script>'
+    write_page(tmp_path, "plain", cell("x = 1\nx", '<pre>1</pre>') + config)
+    found = problems(browser, tmp_path)
+    assert len(found) == 2 and all(": MathJax without math: " in p for p in found), found
+    write_page(tmp_path, "plain", clean_body(tmp_path) + config)   # its equation: math
+    assert problems(browser, tmp_path) == []
 
 
 @pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
@@ -394,6 +575,22 @@ def test_built_book_explorers_follow_their_controls(browser, width):
                  for r in recorded_cpu_rates().values())
     pages = {"gpus": build / "ex1_hyperparameters.html", "split": build / "ex2_cpu_gpu_split.html"}
     assert explorers_move(browser, pages, width, slower) == []
+
+
+@pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
+                    reason="set MGPU_CHECK_BOOK=1 (make test does) to drive the built book")
+def test_built_book_ex1_explorer_opens_at_two_gpus(browser):
+    """At 1 GPU ex1's Strategy, Batch and Link change nothing: the page opens at 2, as the
+    widget does (mgpu_lib/book/explore.py; the page's stored output, once re-executed)."""
+    from mgpu_lib.book.explore import GPUS_DEFAULT_N
+    page = ROOT / "_build" / "html" / "exercises" / "ex1_hyperparameters.html"
+    if not page.is_file():
+        pytest.skip("no built book: test_built_book_layout builds it")
+    tab = check_layout.open_page(browser, page, 400)
+    try:
+        assert gpus_at(tab) == GPUS_DEFAULT_N == 2
+    finally:
+        tab.close()
 
 
 def test_explorer_view_shows_what_the_widget_shows(browser, planted_explorers):

@@ -28,6 +28,16 @@ headless Chromium (Debian's ``chromium``, driven by Playwright) and measures wha
   breakpoint (992 px: at 400 and at 900, where only this is checked) clicking the visible
   toggle must show the chapter list (or the page's contents) with a link that can be clicked;
   at 1280 the sidebar toggle must hide the sidebar and show it again;
+- ``drawer stays open after a tap``: below 992 px, a tap on a link of this page in the opened
+  chapter list (or contents) must close the drawer (_static/sidebar-toggles.js);
+- ``table scrolls unseen`` (phone widths): a table wider than its box that scrolls with
+  nothing showing that it does (no fade or shadow: _static/scroll-cues.js and custom.css);
+- ``no focus ring``: the article header's ☰ toggle, Launch, Source and Download buttons, each
+  focused from the keyboard in light and in dark mode, must show an outline of at least 2 px
+  with 3:1 contrast against what is behind it (WCAG 2.2's focus appearance);
+- ``explorer text low contrast``: a label or line of text of an explorer
+  (mgpu_lib/book/explore.py) under 4.5:1 against its background, in light or dark mode;
+- ``MathJax without math``: a page that loads MathJax (1.2 MB and its fonts) and has no math;
 - ``too long on a phone``: a page taller than MAX_SCREENS phone screens (400 x 800 px, every
   dropdown and hidden cell closed as a reader first sees it);
 - ``console error``: an error in the console or an uncaught exception;
@@ -268,6 +278,33 @@ MEASURE = r"""
       + (scrolls ? ', which scrolls with nothing showing that it does' : ' and is clipped')]);
   }
 
+  // a table that scrolls in its box on a phone with nothing showing that it does
+  if (!opts.columns) {
+    const boxes = new Set();
+    for (const t of art.querySelectorAll('table')) {
+      let box = t.parentElement;
+      while (box && box !== art && !/auto|scroll/.test(getComputedStyle(box).overflowX))
+        box = box.parentElement;
+      if (box && box !== art && shown(t)) boxes.add(box);
+    }
+    for (const box of boxes) {
+      const over = box.scrollWidth - box.clientWidth;
+      if (over <= 2) continue;
+      const cs = getComputedStyle(box);
+      const cue = [cs.maskImage, cs.webkitMaskImage, cs.backgroundImage]
+        .some(v => /gradient/.test(v || ''));
+      if (!cue) found.push(['table scrolls unseen', where(box),
+        `'${short(box.innerText).slice(0, 40)}' is ${over} px wider than its `
+        + `${box.clientWidth} px box, with no fade or shadow at the edge`]);
+    }
+  }
+
+  // MathJax loaded by a page with no math to typeset
+  const mathjax = [...document.scripts].some(s => /mathjax/i.test(s.getAttribute('src') || '')
+                                                 || /window\.MathJax\s*=/.test(s.text));
+  if (mathjax && !document.querySelector('.math, mjx-container, span.math, div.math'))
+    found.push(['MathJax without math', 'top', 'the page loads MathJax and has no math']);
+
   // TeX source that MathJax did not typeset (code may show TeX as code)
   const tex = /\\\(|\\\[|\$\$|\\begin\{/;
   const texWalker = document.createTreeWalker(art, NodeFilter.SHOW_TEXT);
@@ -336,6 +373,20 @@ REACHABLE_LINK = """(ids) => {
   return null;
 }"""
 CLOSE_DIALOGS = "() => { for (const d of document.querySelectorAll('dialog[open]')) d.close(); }"
+# Where to tap a link of this page (href "#..."), reachable in the opened drawer: [x, y, href].
+IN_PAGE_LINK = """(id) => {
+  const box = document.getElementById(id);
+  if (!box || !box.open) return null;
+  for (const a of box.querySelectorAll('a[href^="#"]')) {
+    const r = a.getBoundingClientRect();
+    if (r.width < 2 || r.height < 2) continue;
+    const x = r.left + Math.min(r.width / 2, 20), y = r.top + r.height / 2;
+    if (x < 0 || y < 0 || x >= window.innerWidth || y >= window.innerHeight) continue;
+    const hit = document.elementFromPoint(x, y);
+    if (hit && (hit === a || a.contains(hit))) return [x, y, a.getAttribute('href')];
+  }
+  return null;
+}"""
 SIDEBARS = {"primary": ["pst-primary-sidebar-modal", "pst-primary-sidebar"],
             "secondary": ["pst-secondary-sidebar-modal", "pst-secondary-sidebar"]}
 TOGGLE_NAMES = {"primary": "sidebar toggle", "secondary": "contents toggle"}
@@ -369,6 +420,8 @@ def check_toggles(tab, width: int) -> list[list[str]]:
         if width < NAV_BREAKPOINT and after is None:
             found.append([rule, "top", f"at {width} px clicking it shows no link that can be "
                                        "clicked"])
+        elif width < NAV_BREAKPOINT:
+            found += tap_drawer_link(tab, kind, width)
         elif width >= NAV_BREAKPOINT and (before is None or after is not None):
             found.append([rule, "top", f"at {width} px clicking it does not hide the sidebar"
                           if before else f"at {width} px the sidebar shows no link to click"])
@@ -379,6 +432,122 @@ def check_toggles(tab, width: int) -> list[list[str]]:
                 found.append([rule, "top", f"at {width} px a second click does not show the "
                                            "sidebar again"])
         tab.evaluate(CLOSE_DIALOGS)
+    return found
+
+
+def tap_drawer_link(tab, kind: str, width: int) -> list[list[str]]:
+    """Tap a link of this page in the opened drawer, as a reader picks a section: the drawer
+    must close ([rule, where, detail] if it stays open)."""
+    dialog = SIDEBARS[kind][0]
+    spot = tab.evaluate(IN_PAGE_LINK, dialog)
+    if spot is None:
+        return []  # no link of this page in view in the drawer: nothing to tap here
+    x, y, href = spot
+    if width < 800:
+        tab.touchscreen.tap(x, y)
+    else:
+        tab.mouse.click(x, y)
+    tab.wait_for_timeout(400)
+    if tab.evaluate(f"!!(document.getElementById('{dialog}') || {{}}).open"):
+        return [["drawer stays open after a tap", "top",
+                 f"at {width} px the {TOGGLE_NAMES[kind].split()[0]} drawer is still open after "
+                 f"a tap on its link '{href}'"]]
+    return []
+
+
+# Colours: a colour's WCAG contrast against what lies behind an element (the first opaque
+# background among it and its ancestors, semi-transparent ones blended in), in light and dark.
+COLOURS = r"""
+(opts) => {
+  const rgba = c => { const m = (c || '').match(/[\d.]+/g) || [0, 0, 0, 0];
+                      return [+m[0], +m[1], +m[2], m.length > 3 ? +m[3] : 1]; };
+  const over = (top, below) => [0, 1, 2].map(i => top[i] * top[3] + below[i] * (1 - top[3]))
+                                         .concat([1]);
+  const behind = el => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    let colour = [255, 255, 255, 1];
+    for (const c of layers.reverse()) colour = over(c, colour);
+    return colour;
+  };
+  const lum = c => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92
+                                                  : Math.pow((v + 0.055) / 1.055, 2.4); };
+                     return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const contrast = (fg, bg) => { const c = over(fg, bg), a = lum(c), b = lum(bg);
+                                 return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
+  const shown = el => el.getClientRects().length > 0 &&
+                      getComputedStyle(el).visibility !== 'hidden';
+  const found = [];
+  const text = el => (el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 30);
+
+  if (opts.part === 'explorers') {
+    const seen = new Set();
+    for (const el of document.querySelectorAll(opts.explorerText)) {
+      if (!shown(el) || !text(el)) continue;
+      const c = contrast(rgba(getComputedStyle(el).color), behind(el));
+      const key = text(el).slice(0, 12);
+      if (c < opts.minText && !seen.has(key)) {
+        seen.add(key);
+        found.push(['explorer text low contrast', 'explorer',
+                    `${opts.mode} mode: '${text(el)}' at ${c.toFixed(2)}:1 (at least `
+                    + `${opts.minText}:1)`]);
+      }
+    }
+    return found;
+  }
+  // one focused button (document.activeElement): its outline against what is behind it
+  const el = document.activeElement, cs = getComputedStyle(el);
+  const width = parseFloat(cs.outlineWidth) || 0;
+  if (!el.matches(':focus-visible') || cs.outlineStyle === 'none' || width < 2)
+    return [['no focus ring', 'header', `${opts.mode} mode: ${opts.name} focused from the `
+             + `keyboard shows no outline of 2 px or more`]];
+  const c = contrast(rgba(cs.outlineColor), behind(el.parentElement || el));
+  if (c < opts.minRing)
+    found.push(['no focus ring', 'header', `${opts.mode} mode: ${opts.name}'s outline at `
+                + `${c.toFixed(2)}:1 against its background (at least ${opts.minRing}:1)`]);
+  return found;
+}"""
+HEADER_BUTTONS = {"the ☰ toggle": ".bd-header-article .primary-toggle",
+                  "Launch": ".bd-header-article .dropdown-launch-buttons > .dropdown-toggle",
+                  "Source": ".bd-header-article .btn-source-repository-button",
+                  "Download": ".bd-header-article .dropdown-download-buttons > .dropdown-toggle"}
+EXPLORER_TEXT = (".mgpu-explorer .mgpu-title, .mgpu-explorer legend, .mgpu-explorer "
+                 ".mgpu-field > span, .mgpu-explorer fieldset label, .mgpu-explorer select, "
+                 ".mgpu-explorer .mgpu-panel p, .mgpu-explorer .mgpu-legend li")
+MIN_TEXT, MIN_RING = 4.5, 3.0   # WCAG AA for text; for a focus indicator and other UI parts
+MODES = ("light", "dark")
+
+
+def check_colours(tab) -> list[list[str]]:
+    """The header buttons' focus rings and the explorers' text, in light and dark mode (the
+    theme's `data-theme` on <html>, as its switch sets it); the page's mode is put back."""
+    found = []
+    before = tab.evaluate("document.documentElement.dataset.theme || ''")
+    has_explorer = tab.evaluate("!!document.querySelector('.mgpu-explorer')")
+    try:
+        for mode in MODES:
+            tab.evaluate(f"document.documentElement.dataset.theme = '{mode}'")
+            opts = {"mode": mode, "minText": MIN_TEXT, "minRing": MIN_RING,
+                    "explorerText": EXPLORER_TEXT}
+            if has_explorer:
+                found += tab.evaluate(COLOURS, {**opts, "part": "explorers"})
+            for name, selector in HEADER_BUTTONS.items():
+                button = tab.locator(f"{selector}:visible").first
+                if not button.count():
+                    continue
+                button.focus()  # then away and back with the keyboard, as a reader tabs
+                tab.keyboard.press("Shift+Tab")
+                tab.keyboard.press("Tab")
+                if not button.evaluate("b => b === document.activeElement"):
+                    button.focus()
+                found += tab.evaluate(COLOURS, {**opts, "part": "focus", "name": name})
+                tab.evaluate("document.activeElement && document.activeElement.blur()")
+    finally:
+        tab.evaluate("(m) => { if (m) document.documentElement.dataset.theme = m; "
+                     "else delete document.documentElement.dataset.theme; }", before)
     return found
 
 
@@ -423,6 +592,7 @@ def check_pages(b, build_root: Path, pages: list[Path]) -> list[str]:
                 if width == PHONE[0] and (tall := screens(tab)) > MAX_SCREENS:
                     found.append(["too long on a phone", "page",
                                   f"{tall:.1f} screens of {PHONE[1]} px (at most {MAX_SCREENS})"])
+                found += check_colours(tab)
                 found += check_toggles(tab, width)
             finally:
                 tab.close()

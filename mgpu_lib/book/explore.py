@@ -306,9 +306,14 @@ GPUS_TITLE = "What would N GPUs do? The step-time model's prediction, with its b
 SPLIT_TITLE = "Split a batch: a GPU and a slower device, predicted"
 
 
-def gpus_explorer(gpu: str = "K80 (one GK210 die)", n: int = 1, strategy: str = "DataParallel",
-                  mode: str = "per GPU", batch: int = 256) -> Explorer:
-    """Exercise 1's explorer; each change calls `gpu_values` (the model's band and parts)."""
+GPUS_DEFAULT_N = 2     # at 1 GPU the strategy, the batch's meaning and the link change nothing
+
+
+def gpus_explorer(gpu: str = "K80 (one GK210 die)", n: int = GPUS_DEFAULT_N,
+                  strategy: str = "DataParallel", mode: str = "per GPU",
+                  batch: int = 256) -> Explorer:
+    """Exercise 1's explorer; each change calls `gpu_values` (the model's band and parts). It
+    opens at 2 GPUs, where every control changes the prediction."""
     import ipywidgets as w
     link = next(iter(links(gpu)))
     c = dict(gpu=w.Dropdown(options=gpu_names(), value=gpu, description="GPU"),
