@@ -431,10 +431,10 @@ def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: N
     test_iter)` (default: loaded from `config`); `on_epoch(result)` after each epoch (a
     live plot); `make_optimizer(parameters, lr, steps_per_epoch)`: default `sgd`."""
     devices = resolve_devices(config.devices)
-    device = devices[0]                       # DataParallel scatters from and gathers here
+    device = devices[0]                  # where DataParallel scatters and gathers
     switches = resolve_switches(config, device)
     train_iter, test_iter = data or load_data(config, device, switches)
-    net = prepare_model(make_model(config, device), switches)  # seeded: the same weights
+    net = prepare_model(make_model(config, device), switches)  # seeded: same weights
     model = nn.DataParallel(replicated(net, switches), device_ids=devices)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
     result = TrainResult.create(config, describe_devices(devices), len(devices),
