@@ -26,7 +26,6 @@ ALLOWED = [
     (r"\blr 0\.4\b", "the lr the study notes called best, a setting the claim runs were given"),
     (r"compute capability 3\.7\b", "the K80's CUDA generation, a name"),
     (r"compute capability 8\.0\b", "the first generation with bf16 tensor cores, a name"),
-    (r"\b7\.0 and 7\.5 \(V100", "V100's and T4's CUDA generations, names"),
     (r"\bCUDA 12\.6\b", "a CUDA version, as pytorch#157517 names it"),
 ]
 
