@@ -166,7 +166,8 @@ def unglued(path: Path, root: Path = ROOT) -> list[str]:
     for label, text in cells(path):
         for doc, key in GLUE_ROLE.findall(text):
             source = (path.parent / doc) if doc else path
-            if not any(k.match(key) for k in glued_keys(source)):
+            stems = (key, key[:-4]) if key.endswith("_how") else (key,)   # a Verdict's two
+            if not any(k.match(stem) for k in glued_keys(source) for stem in stems):
                 missing.append(f"{path.relative_to(root)}, {label}: {key!r}")
     return missing
 
@@ -181,9 +182,11 @@ def test_a_pasted_key_nobody_glues_is_caught(tmp_path):
     nb.cells = [nbformat.v4.new_markdown_cell("{glue:text}`acc:.2f` and {glue:text}`ac:.2f`"),
                 nbformat.v4.new_code_cell('glue("acc", 0.9)\nglue(f"{n}_s1", 3.0)'),
                 nbformat.v4.new_code_cell('x = "ac"  # a string in a cell that glues nothing'),
-                nbformat.v4.new_markdown_cell("{glue:text}`d2l_s1:.1f`")]
-    nbformat.write(nb, tmp_path / "p.ipynb")
-    assert [m.split(": ")[1] for m in unglued(tmp_path / "p.ipynb", tmp_path)] == ["'ac'"]
+                nbformat.v4.new_markdown_cell("{glue:text}`d2l_s1:.1f`"),
+                nbformat.v4.new_markdown_cell("{glue:text}`acc_how` {glue:text}`ac_how`")]
+    nbformat.write(nb, tmp_path / "p.ipynb")   # glue(NAME, verdict) stores NAME and NAME_how
+    assert [m.split(": ")[1] for m in unglued(tmp_path / "p.ipynb", tmp_path)] == [
+        "'ac'", "'ac_how'"]
 
 
 UNDECIDED_AS_NONE = re.compile(r"\bno (effect|difference)\b|ahead(:| by) -", re.I)

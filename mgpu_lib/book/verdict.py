@@ -1,15 +1,17 @@
 """What the prose may say: the book's one verdict rule, and `glue` to put it on the page.
 
-Is A ahead of B, B ahead of A, or can the seeds not tell? Take A minus B seed by seed (paired)
-only where the two sides' runs of a seed are correlated (`compare` tests it: training is
-chaotic, and the book's paired runs correlate at about 0); else the difference of the means
-with Welch's standard error. A side is ahead only when the mean difference passes Student's t
-(two-sided 95%) times its standard error, so with no real difference a winner is named 1 time
-in 20 whatever the number of seeds (`false_call_rate`). An undecided result names the smallest
-gap its seeds could call and how often a true gap that size is called (`power`, about half),
-never "no effect"; one seed decides nothing; `holm` holds several verdicts together. Every
-verdict on a page is glued into the prose, never typed: `glue("warmup_verdict", v)`, then
-{glue:text}`warmup_verdict` in a markdown cell."""
+Is A ahead of B, B ahead of A, or can the seeds not tell? Separately trained runs are compared
+by the difference of their means with Welch's standard error; A minus B seed by seed (paired)
+only where the design pairs them (`compare(..., pair=True)`: one network read two ways), never
+because the runs it then judges happen to correlate. A side is ahead only when the mean
+difference passes Student's t (two-sided 95%) times its standard error, so with no real
+difference a winner is named 1 time in 20 whatever the number of seeds (`false_call_rate`).
+An undecided result names the smallest gap its seeds could call and how often a true gap that
+size is called (`power`, about half), never "no effect"; one seed decides nothing; `holm`
+holds several verdicts together. A verdict has two forms: plain words for the lesson layer
+(`Verdict.plain`, from the `PLAIN` templates) and the full statement for the evidence layer
+(`str(verdict)`). Every verdict on a page is glued, never typed: `glue("warmup", v)` stores
+both, then {glue:text}`warmup` in the prose and {glue:text}`warmup_how` in a dropdown."""
 from __future__ import annotations
 
 import functools
