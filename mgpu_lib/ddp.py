@@ -203,7 +203,7 @@ def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progres
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
-    net = prepare_model(make_model(config, device), switches)  # seeded: the same weights
+    net = prepare_model(make_model(config, device), switches)  # seeded: same weights
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
     result = TrainResult.create(config, describe_job(device), world,

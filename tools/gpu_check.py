@@ -164,25 +164,23 @@ sw = lambda **on: resolve_switches(TrainConfig(width=w, batch_size=b, bf16=False
                                                **on), d)
 for name in sys.argv[3:]:
     t = time.time()
-    m = measure({"eager": sw(), name: sw(**{name: True})}, width=w, batch_size=b, device=d)
+    m = measure({"eager": sw(), name: sw(compile=True if name == "compile" else name)},
+                width=w, batch_size=b, device=d)
     print(json.dumps(dict(name=name, eager=m["eager"]["median"], rate=m[name]["median"],
                           wall_s=time.time() - t)), flush=True)
 """
 
 
 def compiled(run: Run) -> tuple:
-    """torch.compile, then the library's CUDA-graph setting (a TrainConfig field named for
-    graphs) if it has one, in a child stopped at the stage's estimate."""
+    """torch.compile, then its CUDA-graph mode (compile="graphs"), against fp32 eager, in a
+    child stopped at the stage's estimate."""
     p, limit = run.profile, min(ESTIMATE_S["compile"], run.left())
-    graph = next((f.name for f in dataclasses.fields(TrainConfig) if "graph" in f.name), None)
-    names = ["compile"] + ([graph] if graph else [])
+    names = ["compile", "graphs"]
     out, code = child([sys.executable, "-c", CHILD, str(p.width), str(p.batch_size), *names],
                       limit)
     done = {r.pop("name"): r for r in (json.loads(x) for x in out.splitlines()
                                        if x.startswith("{"))}
     not_run = {n: f"did not finish within {limit:.0f} s" for n in names if n not in done}
-    if graph is None:
-        not_run["cuda_graph"] = "the library has no CUDA-graph step (no TrainConfig setting)"
     f = dict(width=p.width, batch=p.batch_size, limit_s=limit, modes=done, not_run=not_run)
     if code not in (0, None):
         raise Stop("failed", (out.strip().splitlines() or ["no output"])[-1][:300], f)
