@@ -218,9 +218,12 @@ class Overheads:
 
 
 # Seconds per image of the chapter's loader (d2l's: PIL and `ToTensor` per image, 4 worker
-# processes), at 28 px and at 64 px (`Resize(64)` first): `data.chapter_loader(...,
-# num_workers=0)`, batch 256, best of 3, on the shared 2-core AMD EPYC.
-CHAPTER_LOADER_S = {28: 227e-6, 64: 444e-6}
+# processes), at 28 px and at 64 px (`Resize(64)` first), one core: `tools/time_loader.py`
+# (batch 256, no workers, best of 3), re-timed with the current code on a 2-core AMD EPYC
+# (AVX2) in issue 51: 105 and 162 us. The constant it replaced (227 us at 28 px) did not
+# reproduce; an AVX-512 EPYC of the same class measured 45 to 47 us, so a CPU's model moves it
+# 2x either way, and the time model's loader cap is a range's middle, not a datasheet.
+CHAPTER_LOADER_S = {28: 105e-6, 64: 162e-6}
 D2L_LOADER_WORKERS = 4
 
 
