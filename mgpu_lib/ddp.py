@@ -211,7 +211,7 @@ def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progres
                                 steps_per_epoch=len(train_iter),
                                 extra={"switches": switches.to_dict()})
     start = restore(checkpoint, config, world, net, optimizer, result) if resume else 0
-    on_epoch = functools.partial(save_and_print, checkpoint, net, optimizer, world)
+    on_epoch = functools.partial(save_and_print, checkpoint, net, optimizer)
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
@@ -222,7 +222,7 @@ def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progres
     return result
 
 
-def save_and_print(checkpoint, net, optimizer, world: int, r: TrainResult) -> None:
+def save_and_print(checkpoint, net, optimizer, r: TrainResult) -> None:
     """Rank 0's end of an epoch: the checkpoint (if asked for), then the epoch's line."""
     if checkpoint:
         save_checkpoint(checkpoint, net, optimizer, r)

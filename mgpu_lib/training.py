@@ -339,9 +339,8 @@ def load_data(config: TrainConfig, device, switches: Switches):
 def replicated(net: nn.Module, switches: Switches) -> nn.Module:
     """What DataParallel replicates: `net`, compiled if asked, entering the run's autocast in
     each replica's own thread (`Autocast`) when the run computes in bf16 or fp16."""
-    graphs = switches.compile == GRAPHS       # replay each step as CUDA graphs: fewer launches
-    model = torch.compile(net, mode="reduce-overhead" if graphs else None) if switches.compile \
-        else net
+    mode = "reduce-overhead" if switches.compile == GRAPHS else None   # CUDA graphs: fewer
+    model = torch.compile(net, mode=mode) if switches.compile else net  # kernel launches
     if switches.bf16 or switches.fp16:
         model = Autocast(model, next(net.parameters()).device.type, switches)
     return model
@@ -355,17 +354,15 @@ class _Stderr:
         self.ok = True
 
     def write(self, text: str) -> None:
-        try:
-            if self.ok:
-                sys.stderr.write(text)
-        except (OSError, ValueError):
-            self.ok = False
+        self._try(sys.stderr.write, text)
 
     def flush(self) -> None:
-        self.write("")
+        self._try(sys.stderr.flush)
+
+    def _try(self, call, *args) -> None:
         try:
             if self.ok:
-                sys.stderr.flush()
+                call(*args)
         except (OSError, ValueError):
             self.ok = False
 

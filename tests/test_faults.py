@@ -476,7 +476,7 @@ def test_a_ddp_train_passes_no_wall_clock_limit_and_ends_with_its_result(tmp_pat
 def test_a_full_stderr_never_costs_the_result(tmp_path):
     """Before (issue 52): `train ... --out m.json 2> /dev/full` exited 1 with no m.json: the
     progress bar's first write raised ENOSPC. Now a failed write turns the bar off."""
-    with open("/dev/full", "w") as full:
+    with open("/dev/full", "w", encoding="utf-8") as full:
         done = subprocess.run([sys.executable, "-m", "mgpu_lib", "train", "--profile", "smoke",
                                "--width", "4", "--train-limit", "200", "--test-limit", "100",
                                "--epochs", "2", "--data-source", "synthetic", "--out", "m.json"],
