@@ -145,6 +145,23 @@ def test_the_git_revision_is_cheap_and_never_fails(monkeypatch):
     assert files.code_version.__wrapped__()["git"] is None
 
 
+def test_dirty_means_the_code_that_ran_not_the_pages_being_rewritten(monkeypatch):
+    """Issue 49: pages executed in place one after another showed '+dirty' from page 02 on,
+    because page 01's new outputs dirtied the clone. A changed page is not changed code."""
+    from mgpu_lib.lab import files
+    calls = []
+
+    def git(*args, cwd):
+        calls.append(args)
+        if args[0] == "rev-parse":
+            return str(cwd) if args[1] == "--show-toplevel" else "abc123"
+        return " M mgpu_lib/training.py" if "mgpu_lib" in args else None
+    monkeypatch.setattr(files, "_git", git)
+    assert files.code_version.__wrapped__()["git"] == "abc123+dirty"
+    status = next(a for a in calls if a[0] == "status")
+    assert status[status.index("--") + 1:] == ("mgpu_lib", "tools")
+
+
 def test_old_records_read_as_schema_1_with_unknown_versions():
     old = results.as_run(nested_record(), "old")
     assert old.schema == record.LEGACY_SCHEMA and old.torch is None

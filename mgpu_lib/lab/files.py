@@ -54,12 +54,15 @@ def _git(*args: str, cwd: Path) -> Optional[str]:
 def code_version() -> dict:
     """{"mgpu_lib": version or None, "git": revision or None}, computed once per process. The
     revision is read only where the package sits at the top of its own repository (a clone, an
-    editable install), never from some other repository it is installed inside."""
+    editable install), never from some other repository it is installed inside. "+dirty" means
+    the code that ran (the package, the tools) differs from the commit; pages whose outputs are
+    being rewritten do not count (issue 49: executing page 01 in place marked pages 02 to ex2)."""
     root = Path(__file__).resolve().parents[2]      # the clone holding mgpu_lib/lab/files.py
     rev = None
     if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
         rev = _git("rev-parse", "--short=12", "HEAD", cwd=root)
-        changes = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
+        changes = _git("status", "--porcelain", "--untracked-files=no", "--", "mgpu_lib",
+                       "tools", cwd=root)
         if rev and changes:
             rev += "+dirty"
     return {"mgpu_lib": package_version(), "git": rev}
