@@ -195,7 +195,7 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
     return train_iter, test_iter
 
 
-def train(config: TrainConfig, device, *, checkpoint=None, resume=False, progress=False,
+def train(config: TrainConfig, device, checkpoint=None, resume=False, progress=False,
           make_optimizer: Callable = sgd) -> TrainResult:
     """Train `config` as one rank of the group `setup` joined; rank 0's result holds
     the test accuracies. Rank 0 saves a checkpoint into the folder `checkpoint` after

@@ -140,13 +140,13 @@ def pair_link(spec: DeviceSpec, p2p: Optional[bool] = None, topo: Optional[str] 
 def conv_peak_tflops(spec: DeviceSpec) -> float:
     """The peak the chapter's "fp32" convolutions run at on `spec`.
 
-    On Ampere and newer GPUs (A100, RTX 30 and 40, H100, H200) cuDNN runs fp32 convolutions in
-    TF32 on the tensor cores, because `torch.backends.cudnn.allow_tf32` is True by default
-    (PyTorch's note "TensorFloat-32 (TF32) on Ampere (and later) devices"); their peak is
-    the datasheet's dense TF32 figure, not the FP32 cores'. Before Ampere (K80, T4, V100)
-    there is no TF32, and the FP32 cores do the work. The final linear layer stays in FP32
-    (`torch.backends.cuda.matmul.allow_tf32` is False by default), a few thousand FLOPs per
-    image out of about a billion.
+    On Ampere and newer GPUs (A100, RTX 30 and 40, H100, H200) cuDNN runs fp32
+    convolutions in TF32 on the tensor cores: `torch.backends.cudnn.allow_tf32` is True
+    by default (PyTorch's note "TensorFloat-32 (TF32) on Ampere (and later) devices"),
+    and the fast loop turns on TF32 for matmuls too. Their peak is the datasheet's dense
+    TF32 figure, not the FP32 cores'. Before Ampere (K80, T4, V100) there is no TF32, and
+    the FP32 cores do the work. The final linear layer is a few thousand FLOPs per image
+    out of about a billion, whatever its precision.
     """
     return spec.tf32_tflops or spec.fp32_tflops
 
