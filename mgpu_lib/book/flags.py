@@ -45,8 +45,7 @@ POSITIVE_NUMBER = Check("a positive number", lambda v: is_number(v) and v > 0, f
 NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: is_number(v) and v >= 0, float, "X")
 
 
-def on_cli(cls) -> list[dataclasses.Field]:
-    """The settings of `cls` that have a flag."""
+def on_cli(cls) -> list[dataclasses.Field]:                  # the settings that have a flag
     return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
 
 

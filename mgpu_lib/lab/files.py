@@ -52,11 +52,9 @@ def _git(*args: str, cwd: Path) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict:
-    """{"mgpu_lib": version or None, "git": revision or None}, computed once per process. The
-    revision is read only where the package sits at the top of its own repository (a clone, an
-    editable install), never from some other repository it is installed inside. "+dirty" means
-    the code that ran (the package, the tools) differs from the commit; pages whose outputs are
-    being rewritten do not count (issue 49: executing page 01 in place marked pages 02 to ex2)."""
+    """{"mgpu_lib": version or None, "git": revision or None}, once per process, read only
+    where the package tops its own clone. "+dirty": the package or tools differ from the commit
+    (pages being rewritten do not count: page 01 executed in place had marked 02 to ex2)."""
     root = Path(__file__).resolve().parents[2]      # the clone holding mgpu_lib/lab/files.py
     rev = None
     if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
