@@ -164,8 +164,8 @@ sw = lambda **on: resolve_switches(TrainConfig(width=w, batch_size=b, bf16=False
                                                **on), d)
 for name in sys.argv[3:]:
     t = time.time()
-    m = measure({"eager": sw(), name: sw(compile=True if name == "compile" else name)},
-                width=w, batch_size=b, device=d)
+    on = {"compile": dict(compile=True), "graphs": dict(compile="graphs")}.get(name, {name: True})
+    m = measure({"eager": sw(), name: sw(**on)}, width=w, batch_size=b, device=d)
     print(json.dumps(dict(name=name, eager=m["eager"]["median"], rate=m[name]["median"],
                           wall_s=time.time() - t)), flush=True)
 """
