@@ -23,7 +23,7 @@ from .devices import autocast_dtype, measured_precision
 AUTO = "auto"
 GRAPHS = "graphs"      # compile="graphs": torch.compile's reduce-overhead mode (CUDA graphs)
 SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
-OPTIONAL = ("devices", "train_limit", "test_limit", "eval_batch_size", "num_workers")
+OPTIONAL = ("devices", "train_limit", "test_limit", "eval_batch_size")
 
 
 def _int(v) -> bool:
@@ -73,14 +73,12 @@ class TrainConfig:
                                                "graphs: with CUDA graphs (reduce-overhead)")
     eval_batch_size: Optional[int] = setting(   # not a flag: bounded by the batch's
         None, "evaluation batch (default: 1024, at least the batch, when fast)", cli=False)
-    num_workers: Optional[int] = setting(
-        None, "the chapter loader's workers (default: 4, capped at the cores)")
 
     def __post_init__(self):
         """Each setting's range, checked where a run's settings enter: a one-line ValueError
         naming the first setting out of its range."""
         counts = dict(batch_size=1, num_epochs=1, width=1, devices=1, train_limit=1,
-                      test_limit=1, eval_batch_size=1, num_workers=0, seed=0)
+                      test_limit=1, eval_batch_size=1, seed=0)
         for name, low in counts.items():
             value = getattr(self, name)
             if not (value is None and name in OPTIONAL or _int(value) and low <= value
@@ -114,7 +112,7 @@ EVAL_BATCH = 1024       # images per evaluation batch on the fast path
 @dataclass(frozen=True)
 class Switches:
     """What the training loop does. All off (`REFERENCE`) is the chapter's loop."""
-    device_data: bool = False      # batches built on the device, not by a DataLoader
+    device_data: bool = False      # batches built on the device, not on the host
     channels_last: bool = False
     bf16: bool = False             # autocast; parameters and optimizer stay fp32
     norm_fp32: bool = False        # under bf16: BatchNorm (and what follows it) in fp32
@@ -136,8 +134,8 @@ class Switches:
                 else "fp32 (TF32)" if self.tf32 else "fp32")
 
     def describe(self) -> str:
-        """E.g. 'device data, channels_last, fp32' or 'DataLoader+ToTensor, NCHW, fp32'."""
-        parts = ["device data" if self.device_data else "DataLoader+ToTensor",
+        """E.g. 'device data, channels_last, fp32' or 'host data, NCHW, fp32'."""
+        parts = ["device data" if self.device_data else "host data",
                  "channels_last" if self.channels_last else "NCHW", self.precision]
         parts += [name for name, on in (("cudnn.benchmark", self.cudnn_benchmark),
                                         ("compiled, CUDA graphs" if self.compile == GRAPHS

@@ -1,10 +1,11 @@
-"""Fashion-MNIST from a local copy, the official download, or synthetic data, in two loaders.
+"""Fashion-MNIST from a local copy, the official download, or synthetic data, in one loader.
 
 `source="auto"` tries a named folder (`root`, or `MGPU_FASHION_MNIST_DIR`), then torchvision's
 download into `MGPU_DATA_DIR` (default `data/`), then, only with `allow_synthetic=True` and
 announced, synthetic data. `load_fashion_mnist` keeps the uint8 images on the device and turns
-each batch into floats in [0, 1]; `load_fashion_mnist_chapter` is the chapter's pipeline over the
-same tensors: a `DataLoader` whose workers pass every image through PIL and `ToTensor`.
+each batch into floats in [0, 1]. The chapter's own pipeline over the same tensors (a
+`DataLoader` whose workers pass every image through PIL and `ToTensor`) is D2L's code, in
+`mgpu_lib.lab.d2l`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 # The four files and the shapes Fashion-MNIST's have.
@@ -242,84 +242,3 @@ def load_fashion_mnist(batch_size: int, *, root=None, source: str = "auto",
     test_iter = DeviceLoader(xte, yte, eval_batch_size or batch_size, shuffle=False,
                              device=device, seed=seed, source=origin)
     return train_iter, test_iter
-
-
-# ---- the chapter's pipeline: `TrainConfig(fast=False)` ------------------------------------------
-
-class PILImages(Dataset):
-    """uint8 images served as torchvision's `FashionMNIST` serves them: each item becomes a PIL
-    image, then goes through `transform` (default `ToTensor`) in the loader's workers."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
-        from torchvision import transforms
-        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
-        self.transform = transform or transforms.ToTensor()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
-        return self.transform(image), int(self.labels[i])
-
-
-class PermutationSampler(Sampler):
-    """`DeviceLoader`'s order: one `torch.randperm` per epoch from a generator seeded once, so
-    both loops see the same images in the same order (`RandomSampler` drifts after epoch 1)."""
-
-    def __init__(self, n: int, seed: int = 0):
-        self.n, self.generator = n, torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=self.generator).tolist())
-
-
-def chapter_workers(requested: Optional[int] = None) -> int:
-    """Worker processes for the chapter's loader: its 4 (`get_dataloader_workers()`), capped at
-    the usable cores, where more would only compete with training. A request above 4 a core (64
-    at most) is refused: each worker is a process with a copy of the data."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
-    if requested is None:
-        return min(4, cores)
-    if not 0 <= requested <= min(4 * cores, 64):
-        raise ValueError(f"DataLoader workers must be 0 to {min(4 * cores, 64)} here ({cores} "
-                         f"usable cores: 4 a core, 64 at most), got {requested}")
-    return requested
-
-
-def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
-                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
-                   source: str = "unknown") -> DataLoader:
-    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes;
-    training drops a final partial batch, as `DeviceLoader` does."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    workers = chapter_workers(num_workers)
-    dataset = PILImages(images, labels)
-    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                        drop_last=shuffle and len(dataset) >= batch_size,
-                        num_workers=workers, generator=torch.Generator().manual_seed(seed))
-    loader.source = source         # where the data came from, as a `DeviceLoader` says
-    return loader
-
-
-def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
-                               train_limit: Optional[int] = None,
-                               test_limit: Optional[int] = None, seed: int = 0,
-                               allow_synthetic: bool = False,
-                               num_workers: Optional[int] = None
-                               ) -> tuple[DataLoader, DataLoader]:
-    """The images of `load_fashion_mnist`, through the chapter's pipeline (on the CPU), with
-    `chapter_workers(num_workers)` worker processes."""
-    workers = chapter_workers(num_workers)      # refused before the data is read
-    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
-                                              test_limit)
-    kw = dict(seed=seed, num_workers=workers, source=origin)
-    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
-            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))

@@ -5,7 +5,8 @@
 `fit` is the epoch loop: DataParallel (`train` here), DDP (`ddp.py`) and the CPU+GPU trainer each
 hand it a `step(x, y)`. Unlike D2L 12.6, `train` builds and initializes a fresh model (no weights
 carried into the next run), moves it to `devices[0]` before wrapping, and synchronizes every
-timer reading. `TrainConfig(fast=False)` runs the chapter's loop: its DataLoader, fp32, NCHW.
+timer reading. `TrainConfig(fast=False)` runs the chapter's loop (fp32, NCHW, data on the host);
+`data=lab.d2l.chapter_data(config)` adds the chapter's own DataLoader.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data import load_fashion_mnist, load_fashion_mnist_chapter
+from .data import load_fashion_mnist
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
 from .config import GRAPHS, Switches, TrainConfig, prepare_model, resolve_switches
@@ -325,15 +326,13 @@ def backends(switches: Switches):
 
 
 def load_data(config: TrainConfig, device, switches: Switches):
-    """`(train_iter, test_iter)`: device-resident on the fast path, the chapter's loader else."""
-    common = dict(source=config.data_source, train_limit=config.train_limit,
-                  test_limit=config.test_limit, seed=config.seed,
-                  allow_synthetic=config.allow_synthetic)
-    if switches.device_data:
-        return load_fashion_mnist(config.batch_size, device=device,
-                                  eval_batch_size=switches.eval_batch_size, **common)
-    return load_fashion_mnist_chapter(config.batch_size, num_workers=config.num_workers,
-                                      **common)
+    """`(train_iter, test_iter)`: on `device` on the fast path, else on the host, each batch
+    copied to the device in the step (the chapter's own pipeline: `lab.d2l.chapter_data`)."""
+    return load_fashion_mnist(config.batch_size, device=device if switches.device_data else "cpu",
+                              source=config.data_source, train_limit=config.train_limit,
+                              test_limit=config.test_limit, seed=config.seed,
+                              allow_synthetic=config.allow_synthetic,
+                              eval_batch_size=switches.eval_batch_size)
 
 
 def replicated(net: nn.Module, switches: Switches) -> nn.Module:

@@ -21,7 +21,7 @@ from mgpu_lib.book import sweep as sweeps
 from mgpu_lib.data import DataError, load_raw
 from mgpu_lib.config import setting
 from mgpu_lib.ddp import flag_name
-from mgpu_lib.book.sweep import MAX_POINTS, NONNEGATIVE_NUMBER, expand, load_store
+from mgpu_lib.book.sweep import MAX_POINTS, expand, load_store
 from mgpu_lib.training import TrainConfig
 
 from helpers import FakeTrain, make_result, one_line, run_cli as run
@@ -250,7 +250,7 @@ def no_training(*args, **kwargs):
 def fake_train(monkeypatch):
     """`train` and the sweep's trainer replaced by FakeTrain: fast, and counted."""
     fake = FakeTrain()
-    monkeypatch.setattr(cli, "train", lambda config, progress=True: fake(config))
+    monkeypatch.setattr(cli, "train", lambda config, progress=True, data=None: fake(config))
     monkeypatch.setattr(sweeps, "default_train", fake)
     return fake
 

@@ -13,10 +13,9 @@ from mgpu_lib import devices
 from mgpu_lib.lab import bench
 from mgpu_lib.book import store as results
 from mgpu_lib.book.cli import main
-from mgpu_lib.data import chapter_loader, chapter_workers
+from mgpu_lib.lab.d2l import chapter_data, chapter_loader, chapter_workers
 from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.lab.bench import cpu_bf16_support, native_bf16
-from dataclasses import replace
 
 from mgpu_lib.config import (EVAL_BATCH, REFERENCE, Switches, channels_last_safe,
                                prepare_model, resolve_switches)
@@ -89,11 +88,11 @@ def test_channels_last_rule():
 def test_reference_config_turns_every_switch_off():
     config = TrainConfig(fast=False, bf16=True, channels_last=True, compile=True)
     assert resolve_switches(config, "cpu") == REFERENCE
-    assert REFERENCE.describe() == "DataLoader+ToTensor, NCHW, fp32"
+    assert REFERENCE.describe() == "host data, NCHW, fp32"
 
 
 @pytest.mark.parametrize("bad", [dict(bf16="yes"), dict(channels_last=1), dict(fast="auto"),
-                                 dict(eval_batch_size=0), dict(num_workers=-1),
+                                 dict(eval_batch_size=0),
                                  dict(norm_fp32="auto")])
 def test_config_rejects_bad_switches(bad):
     with pytest.raises(ValueError):
@@ -118,8 +117,7 @@ def test_a_million_workers_is_refused_in_one_line_before_any_process(monkeypatch
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", no_fork)
     before = {p.pid for p in psutil.Process().children()}   # what earlier tests left
     assert chapter_workers(4 * (os.cpu_count() or 1)) >= 1     # 4 a core is allowed
-    for argv in (["bench", "--workers", "1000000", "--device", "cpu"],
-                 ["train", "--fast", "off", "--num-workers", "1000000", "--profile", "smoke"]):
+    for argv in (["bench", "--workers", "1000000", "--device", "cpu"],):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "DataLoader workers must be 0 to" in err, err
@@ -142,9 +140,10 @@ def test_the_cli_imports_where_there_is_no_resource_module(monkeypatch):
 @pytest.mark.slow
 def test_train_runs_both_paths():
     config = TrainConfig(width=4, batch_size=32, num_epochs=1, train_limit=128, test_limit=64,
-                         data_source="synthetic", lr=0.05, channels_last=False, num_workers=1)
-    for fast in (False, True):
-        result = train(config.replace(fast=fast), progress=False)
+                         data_source="synthetic", lr=0.05, channels_last=False)
+    for fast in (False, True):      # the chapter's loop with its own loader, and the fast loop
+        result = train(config.replace(fast=fast), progress=False,
+                       data=None if fast else chapter_data(config))
         assert result.status == "ok" and 0.0 <= result.final_test_acc <= 1.0
         assert result.steps_per_epoch == 4
         assert result.extra["switches"]["device_data"] is fast

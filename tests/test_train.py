@@ -57,7 +57,7 @@ def test_result_roundtrip(tmp_path):
 @pytest.mark.parametrize("bad", [dict(batch_size=0), dict(lr=-0.1), dict(lr=float("nan")),
                                  dict(num_epochs=0), dict(devices=0), dict(width=0),
                                  dict(data_source="web"), dict(train_limit=-5),
-                                 dict(seed=2 ** 64), dict(seed=-1), dict(num_workers=-1),
+                                 dict(seed=2 ** 64), dict(seed=-1),
                                  dict(bf16="yes"), dict(fast=1), dict(eval_batch_size=0)])
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):

@@ -39,6 +39,7 @@ from mgpu_lib.config import REFERENCE, TrainConfig, resolve_switches
 from mgpu_lib.devices import describe_devices
 from mgpu_lib.hetero import HeteroDataParallel
 from mgpu_lib.lab.bench import add_tflops, measure
+from mgpu_lib.lab.d2l import chapter_data
 from mgpu_lib.lab.diagnose import topology
 from mgpu_lib.lab.drop import CONDITIONS, EXTRA, run_seed
 from mgpu_lib.ddp import write_atomic
@@ -206,7 +207,7 @@ def full_run(run: Run) -> tuple:
     config = run.profile.config(devices=1, num_epochs=max(1, units(run, "full_run", run.left())))
     f = dict(epochs=config.num_epochs)
     for name, c in (("fast", config), ("chapter", config.replace(fast=False))):
-        r = train(c, progress=False)     # the whole record goes to the run store
+        r = train(c, data=None if c.fast else chapter_data(c), progress=False)  # all stored
         append(run.beside("run"), r.to_dict())
         f[name] = dict(status=r.status, sec_per_epoch=r.sec_per_epoch, test_acc=r.test_acc,
                        data_source=r.data_source, switches=r.extra.get("switches"))

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
-from mgpu_lib.data import PILImages
+from mgpu_lib.lab.d2l import PILImages
 from mgpu_lib.devices import describe_devices
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..lab.bench import bench, check_fits, format_bench
+from ..lab.d2l import chapter_data
 from ..data import DataError
 from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, check_fresh
 from ..devices import DeviceError, num_gpus, try_gpu
@@ -184,7 +185,8 @@ def cmd_train(args) -> int:
         raise ValueError(f"--out {args.out} is the checkpoint file; name another file")
     # checked before training (a FIFO opened now); a store or a checkpoint is never replaced
     with Output(args.out) if args.out else nullcontext() as out:
-        result = _train_ddp(config, args) if ddp else train(config, progress=True)
+        result = _train_ddp(config, args) if ddp else train(
+            config, data=None if config.fast else chapter_data(config), progress=True)
         if result is None:                     # a DDP rank failed: said in one line
             return 1
         if out is not None:                    # saved first: printing can fail (a closed pipe)

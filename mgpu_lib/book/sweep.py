@@ -29,10 +29,11 @@ from .store import plural       # the cli's and gpu_check's too
 from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
 from ..config import Switches
 from ..ddp import flag_name
-from .flags import COUNT, NONNEGATIVE_NUMBER, SEED, Check, on_cli, read_setting
+from .flags import COUNT, NONNEGATIVE_NUMBER, SEED, on_cli, read_setting
 from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
+from ..lab.d2l import chapter_data
 from ..lab.launcher import LaunchError, check_nprocs, launch
 from ..perf.runtime import Job
 from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
@@ -247,7 +248,10 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int =
             return TrainResult.create(config, hardware=f"DDP, {nprocs} processes",
                                       num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
                                       status="failed", extra={"error": str(e)})
-    return train_warmup(config, warmup_epochs) if warmup_epochs else train(config, progress=False)
+    data = None if config.fast else chapter_data(config)     # the chapter's loop: its loader
+    if warmup_epochs:
+        return train_warmup(config, warmup_epochs, data=data)
+    return train(config, data=data, progress=False)
 
 
 def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,

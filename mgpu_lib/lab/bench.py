@@ -19,14 +19,14 @@ import psutil
 import torch
 from torch import nn
 
-from ..data import DeviceLoader, chapter_loader, chapter_workers, synthetic_fashion_mnist
+from ..data import DeviceLoader, synthetic_fashion_mnist
 from ..devices import (DeviceError, autocast_dtype, describe_devices, num_gpus,
                        timed, try_gpu)
 from ..model import resnet18
 from ..perf.flops import check_width, train_bytes, train_flops
 from ..perf.scaling import conv_peak_tflops, spec_for_name
 from ..config import AUTO, REFERENCE, Switches, prepare_model, resolve_switches
-from .d2l import chapter_step
+from .d2l import chapter_loader, chapter_step, chapter_workers
 from .files import cpu_info, record_header as header
 from ..training import TrainConfig, backends, make_model, make_step
 

@@ -1,14 +1,20 @@
 """D2L 12.6's own code (PyTorch, d2l 1.0.3), kept to show its behaviour and to time against:
-its lazy network, init and training loop, which the book's `mg.resnet18` and `mg.train` fix.
-Its input pipeline is the core's `mg.load_fashion_mnist_chapter` (`TrainConfig(fast=False)`).
+its lazy network, init and training loop, which the book's `mg.resnet18` and `mg.train` fix,
+and its input pipeline (`load_fashion_mnist_chapter`: PIL and `ToTensor` per image in worker
+processes), which the core's device-resident `mg.load_fashion_mnist` replaces.
 """
 from __future__ import annotations
 
+import os
 import time
+from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..data import load_subsets
 
 
 def lazy_resnet18(num_classes: int = 10, width: int = 64) -> nn.Sequential:
@@ -98,3 +104,93 @@ def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
         for key, value in (check_bn(net) if check_bn else {}).items():
             out.setdefault(key, []).append(value)
     return out
+
+
+# ---- the chapter's input pipeline -------------------------------------------------------------
+
+class PILImages(Dataset):
+    """uint8 images served as torchvision's `FashionMNIST` serves them: each item becomes a PIL
+    image, then goes through `transform` (default `ToTensor`) in the loader's workers."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
+        from torchvision import transforms
+        self.images, self.labels = images.cpu(), labels.cpu().to(torch.int64)
+        self.transform = transform or transforms.ToTensor()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        image = Image.fromarray(self.images[i].numpy())     # a 2-D uint8 array: mode "L"
+        return self.transform(image), int(self.labels[i])
+
+
+class PermutationSampler(Sampler):
+    """`DeviceLoader`'s order: one `torch.randperm` per epoch from a generator seeded once, so
+    both loops see the same images in the same order (`RandomSampler` drifts after epoch 1)."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
+def chapter_workers(requested: Optional[int] = None) -> int:
+    """Worker processes for the chapter's loader: its 4 (`get_dataloader_workers()`), capped at
+    the usable cores, where more would only compete with training. A request above 4 a core (64
+    at most) is refused: each worker is a process with a copy of the data."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if requested is None:
+        return min(4, cores)
+    if not 0 <= requested <= min(4 * cores, 64):
+        raise ValueError(f"DataLoader workers must be 0 to {min(4 * cores, 64)} here ({cores} "
+                         f"usable cores: 4 a core, 64 at most), got {requested}")
+    return requested
+
+
+def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                   shuffle: bool, seed: int = 0, num_workers: Optional[int] = None,
+                   source: str = "unknown") -> DataLoader:
+    """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes;
+    training drops a final partial batch, as `DeviceLoader` does."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    workers = chapter_workers(num_workers)
+    dataset = PILImages(images, labels)
+    sampler = PermutationSampler(len(dataset), seed) if shuffle else None
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                        drop_last=shuffle and len(dataset) >= batch_size,
+                        num_workers=workers, generator=torch.Generator().manual_seed(seed))
+    loader.source = source         # where the data came from, as a `DeviceLoader` says
+    return loader
+
+
+def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
+                               train_limit: Optional[int] = None,
+                               test_limit: Optional[int] = None, seed: int = 0,
+                               allow_synthetic: bool = False,
+                               num_workers: Optional[int] = None
+                               ) -> tuple[DataLoader, DataLoader]:
+    """The images of `load_fashion_mnist`, through the chapter's pipeline (on the CPU), with
+    `chapter_workers(num_workers)` worker processes."""
+    workers = chapter_workers(num_workers)      # refused before the data is read
+    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+                                              test_limit)
+    kw = dict(seed=seed, num_workers=workers, source=origin)
+    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
+            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))
+
+
+def chapter_data(config) -> tuple[DataLoader, DataLoader]:
+    """`config`'s data through the chapter's pipeline: what `mg.train(config, data=...)` takes
+    to run the chapter's loop in full (`fast=False`: the chapter's loader, fp32, NCHW)."""
+    return load_fashion_mnist_chapter(config.batch_size, source=config.data_source,
+                                      train_limit=config.train_limit,
+                                      test_limit=config.test_limit, seed=config.seed,
+                                      allow_synthetic=config.allow_synthetic)

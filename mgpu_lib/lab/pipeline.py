@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import DeviceLoader, PILImages
+from ..data import DeviceLoader
+from .d2l import PILImages
 from ..hetero import forward_backward
 from .bench import images_per_second
 
