@@ -1,6 +1,6 @@
 """Exercise 2: one batch split across devices of different power (a GPU and the CPU), one
-replica per device. The speeds, a SIMULATED pair where there is no GPU, and a small trainer are
-in `lab/hetero_bench.py`."""
+replica per device. The speeds and a SIMULATED pair where there is no GPU are in
+`lab/hetero_bench.py`."""
 from __future__ import annotations
 
 import copy

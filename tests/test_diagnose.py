@@ -160,26 +160,6 @@ def test_gather_facts_reads_p2p_per_pair_and_the_step_split(monkeypatch):
     assert "no peer-to-peer access" in names(f)
 
 
-def test_replicate_is_timed_by_torch_benchmark_with_every_device_synchronized(monkeypatch):
-    """`replicate` itself needs CUDA; here it is a stand-in that takes 10 ms, and every clock
-    reading synchronizes the devices it was given."""
-    import time
-    from mgpu_lib.lab import anatomy as dataparallel
-    calls, synced = [], []
-    monkeypatch.setattr(dataparallel, "replicate", lambda net, devices: (calls.append(1),
-                                                                          time.sleep(0.01)))
-    monkeypatch.setattr(dataparallel, "synchronize", lambda devices: synced.append(devices))
-    seconds = dataparallel.replicate_seconds(torch.nn.Linear(2, 2), ["cpu", "cpu"], reps=4)
-    assert 0.009 < seconds < 0.05
-    assert len(calls) == 4 + 2                      # torch.utils.benchmark warms up twice first
-    assert synced and all(d == [torch.device("cpu")] * 2 for d in synced)
-
-
-def test_the_chapters_loader_alone_is_timed():
-    pytest.importorskip("torchvision")
-    assert diagnose.chapter_loader_images_per_s(16, batches=3) > 0
-
-
 def test_a_batch_curve_has_one_row_per_batch_and_steps_in_proportion():
     from mgpu_lib.lab.bench import batch_curve
     rows = batch_curve([8, 16], width=4, steps=1, repeats=1, warmup_steps=1, device="cpu")

@@ -227,9 +227,3 @@ def test_the_one_day_course_names_its_gpus():
     assert one.framework == "mxnet" and one.run not in {h["run"] for h in evidence.held_out()}
 
 
-def test_half_speed_batch_interpolates_in_log2_of_the_batch():
-    rows = [dict(batch=b, images_per_second=r) for b, r in ((8, 100), (16, 300), (32, 400))]
-    # half of 400 is 200: halfway from 100 (batch 2**3) to 300 (2**4) in images/s
-    assert evidence.half_speed_batch(rows) == pytest.approx(2 ** 3.5)
-    rows[0]["images_per_second"] = 250              # the smallest batch already beats half
-    assert evidence.half_speed_batch(rows) is None

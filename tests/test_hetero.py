@@ -9,15 +9,13 @@ import torch
 from torch import nn
 
 from mgpu_lib import hetero as hetero_mod
-from mgpu_lib.data import DeviceLoader, synthetic_fashion_mnist
 from mgpu_lib.hetero import HeteroDataParallel, forward_backward
-from mgpu_lib.lab.hetero_bench import SIMULATED, default_setup, measure_throughput, train_hetero
+from mgpu_lib.lab.hetero_bench import measure_throughput
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.lab.pipeline import augment_batch, data_loader, prefetch
 from mgpu_lib.perf.split_time import best_split, predict_hetero_step, shard_grid, worth_it
 from mgpu_lib.split import split_sizes
-from mgpu_lib.training import TrainConfig
 
 from helpers import batch, bn_free_model
 
@@ -236,23 +234,6 @@ def test_simulated_throttle_idles_slowdown_minus_one_times_the_work(monkeypatch,
     x, y = batch()
     loss, correct = forward_backward(bn_free_model(), x, y, nn.CrossEntropyLoss(), slowdown=slowdown)
     assert clock.slept == idle and torch.isfinite(loss)
-
-
-def test_train_hetero_smoke_on_cpu():
-    raw = synthetic_fashion_mnist(256, 64, seed=0)
-    data = (DeviceLoader(raw["train_images"], raw["train_labels"], 32, shuffle=True,
-                         source="synthetic"),
-            DeviceLoader(raw["test_images"], raw["test_labels"], 32, shuffle=False))
-    config = TrainConfig(batch_size=32, lr=0.05, num_epochs=2, width=4)
-    setup = default_setup()
-    result = train_hetero(config, setup=setup, data=data, progress=False)
-    assert result.status == "ok" and len(result.test_acc) == 2 and result.steps_per_epoch == 8
-    for ips, seconds in zip(result.images_per_second, result.epoch_seconds):
-        assert ips * seconds == pytest.approx(256)        # every image trained once per epoch
-    assert result.train_loss[-1] < result.train_loss[0]   # it learns
-    assert sum(result.extra["sizes"]) == 32 and len(result.extra["speeds"]) == 2
-    if setup.simulated:
-        assert SIMULATED in result.hardware and result.extra["setup"]["slowdowns"][1] > 1
 
 
 # ---- the input pipeline ---------------------------------------------------------------------

@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from mgpu_lib.perf import evidence
-from mgpu_lib.perf.evidence import Calibration, calibrate, cpu_spec, leave_one_out
-from mgpu_lib.perf.runtime import Job, StepModel, gpu_band, step_seconds, workload
+from mgpu_lib.perf.evidence import calibrate
+from mgpu_lib.perf.runtime import Job, gpu_band, step_seconds, workload
 from mgpu_lib.perf.scaling import (DEVICES, LINKS, NO_P2P, RESNET18, LinkSpec, Overheads,
                                    allreduce_bytes, conv_peak_tflops, dp_python_s, loader_rate,
                                    pair_link, predict_epoch_time, predict_step_time,
@@ -140,21 +140,6 @@ def test_calibrate_recovers_a_line_and_clamps_negative_overhead():
         calibrate([])
 
 
-def test_leave_one_out_is_exact_on_a_line_and_not_on_a_curve():
-    line = [(b, 0.02 + b / 1000) for b in (32, 64, 128, 256)]
-    assert all(abs(r["error"]) < 1e-9 for r in leave_one_out(line))
-    curve = [(b, 0.02 + (b / 1000) ** 1.5) for b in (32, 64, 128, 256)]
-    assert max(abs(r["error"]) for r in leave_one_out(curve)) > 0.05
-
-
-def test_cpu_spec_reproduces_its_calibration():
-    cal = Calibration(images_per_second=400.0, step_s=0.0, rms_error_s=0.0)
-    spec = cpu_spec(cal, "test CPU")
-    o = Overheads(efficiency=1.0, half_batch=0, step_s=0.0, optimizer_passes=0)
-    t = predict_step_time(1, 128, spec, PCIE3, overheads=o)
-    assert t.total == pytest.approx(128 / 400)
-
-
 def test_bad_strategy_is_a_value_error():
     with pytest.raises(ValueError, match="strategy"):
         predict_step_time(2, 256, K80, PCIE3, "zero")
@@ -208,35 +193,6 @@ def test_the_loader_bounds_an_epoch_and_never_shortens_it():
     assert slow == pytest.approx(60.0) and fast == pytest.approx(free)
     assert loader_rate(28, 4) == pytest.approx(2 * loader_rate(28, 2))
     assert loader_rate(64) < loader_rate(28)
-
-
-def test_a_step_model_follows_the_datasheet_then_a_measured_step_then_a_measured_line():
-    t4 = DEVICES["T4"]
-    m = StepModel(t4, 8)
-    assert m.step_s(256) == pytest.approx(step_seconds(t4, 256, 8))
-    m.rescale(3 * m.step_s(256), 256)                 # the GPU turned out 3x slower
-    assert m.step_s(512) == pytest.approx(3 * step_seconds(t4, 512, 8))
-    assert m.epoch_s(256, 1000) == pytest.approx(3 * m.step_s(256))   # 3 full batches
-    assert m.eval_s(2048) == pytest.approx(2 * m.step_s(1024) / workload(8).train_factor)
-    m.cal = calibrate([(8, 0.01 + 8 / 1000), (64, 0.01 + 64 / 1000)])
-    assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)
-    m.rescale(1.0, 128)                               # a measured line is not rescaled
-    assert m.step_s(128) == pytest.approx(0.01 + 128 / 1000)
-
-
-def test_a_cpu_before_it_is_measured_is_the_slowest_recorded_one_scaled_by_flops_and_threads():
-    from mgpu_lib.book.pages import recorded_cpu_rates
-    from mgpu_lib.perf.runtime import RECORDED_THREADS, recorded_cpu
-    from mgpu_lib.book.store import read, recorded
-    assert all(f"torch uses {RECORDED_THREADS})" in r["hardware"]
-               for r in read(recorded("bench_cpu.jsonl")))
-    rates = recorded_cpu_rates()
-    slowest = min(r[16] for r in rates.values())
-    assert recorded_cpu(rates, 16).images_per_second == pytest.approx(
-        slowest / workload(16).train_flops)
-    assert recorded_cpu(rates, 16, threads=8).images_per_second == pytest.approx(
-        4 * recorded_cpu(rates, 16).images_per_second)
-    assert recorded_cpu(rates, 16).step_s == 0.0
 
 
 def epoch_s(spec, n: int, batch: int) -> float:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mgpu_lib.book.verdict import (APART, by_seed, compare, correlation, decide,
+from mgpu_lib.book.verdict import (APART, by_seed, compare, decide,
                                    false_call_rate, holm, paired, pairing_pays, power,
                                    t_critical, unpaired)
 

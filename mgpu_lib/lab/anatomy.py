@@ -5,14 +5,13 @@ replicas' gradients into device 0's parameters. Timing the pieces needs CUDA dev
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
 from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 
-from ..devices import synchronize, timed
+from ..devices import timed
 
 
 PHASES = ("scatter", "replicate", "forward", "gather", "backward + reduce")
@@ -48,20 +47,3 @@ def dp_breakdown(net: nn.Module, devices: Sequence[torch.device], batch_size: in
     return totals
 
 
-def replicate_seconds(net: nn.Module, devices: Sequence[torch.device], reps: int = 5) -> float:
-    """Seconds per `replicate` of `net` (on `devices[0]`) onto `devices`, which DataParallel does
-    every step (with one GPU, onto that GPU again): `torch.utils.benchmark`'s timer, which warms
-    up first, with every one of `devices` synchronized at each reading."""
-    # imported here: on a machine without CUDA, importing torch.utils.benchmark logs a warning
-    # from torch's C++ extension loader, and nothing but this function needs it
-    from torch.utils import benchmark
-
-    devices = [torch.device(d) for d in devices]
-
-    def clock() -> float:
-        synchronize(devices)
-        return time.perf_counter()
-
-    return benchmark.Timer("replicate(net, devices)", timer=clock,
-                           globals=dict(replicate=replicate, net=net, devices=devices),
-                           num_threads=torch.get_num_threads()).timeit(reps).mean

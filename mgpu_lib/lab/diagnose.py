@@ -6,7 +6,6 @@ published runs' fit; without a datasheet (or on a CPU) it says what it can, and 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import textwrap
 import time
@@ -16,7 +15,6 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
-from ..data import chapter_loader
 from .anatomy import dp_breakdown
 from ..perf.evidence import published_fit, workload
 from ..model import resnet18
@@ -240,14 +238,6 @@ def loader_images_per_s(loader: Iterable, batches: int = 20) -> float:
     now = time.perf_counter()
     # a loader too short to warm up: count its first batch, worker start included
     return rest / (now - t1) if rest else n / (now - t0)
-
-
-def chapter_loader_images_per_s(batch: int, batches: int = 30) -> float:
-    """Images per second of the chapter's pipeline (PIL images, ToTensor, its workers) alone, on
-    random images: the host's CPU, not the disk, is what is timed."""
-    images = torch.randint(0, 256, ((batches + 10) * batch, 28, 28), dtype=torch.uint8)
-    labels = torch.zeros(len(images), dtype=torch.long)
-    return loader_images_per_s(chapter_loader(images, labels, batch, shuffle=True), batches)
 
 
 def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,

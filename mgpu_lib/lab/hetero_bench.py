@@ -1,6 +1,6 @@
 """Exercise 2's measurements around `hetero.HeteroDataParallel`: each device's speed, what the
 sync costs, each split of a batch timed beside its prediction
-(`perf.split_time.predict_hetero_step`), and a small trainer.
+(`perf.split_time.predict_hetero_step`).
 
 On a machine without a GPU, `default_setup()` stands two CPU replicas in for two devices: each
 gets half the cores, and the second idles after its real work as long as a device `slowdown`
@@ -12,20 +12,16 @@ import contextlib
 import copy
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
-from ..config import Switches
 from ..devices import describe_devices, num_gpus, timed
 from ..hetero import HeteroDataParallel, forward_backward
 from ..perf.split_time import predict_hetero_step
-from ..split import split_sizes
 from .files import cpu_name
-from ..training import (Shown, TrainConfig, TrainResult, evaluate_accuracy, fit, load_data,
-                        make_model)
 
 SIMULATED = "SIMULATED"
 
@@ -128,32 +124,3 @@ def split_curve(hdp: HeteroDataParallel, x, y, optimizer, loss_fn, speeds: Seque
             for k in shares]
 
 
-def train_hetero(config: TrainConfig, *, setup: Optional[HeteroSetup] = None, data=None,
-                 progress: bool = True) -> TrainResult:
-    """Train a fresh ResNet-18 with `HeteroDataParallel` over `setup` (default: `default_setup()`).
-    Each device's speed is measured first, and every batch is split by `split_sizes`.
-    `config.devices` is not used: the setup names the devices."""
-    setup = setup or default_setup()
-    main = torch.device(setup.devices[0])
-    # batches made on the main device, evaluated at the training batch size
-    train_iter, test_iter = data or load_data(config, main, Switches(device_data=True))
-    with torch_threads(setup.threads):
-        net = make_model(config, main)
-        speeds = [measure_throughput(net, d, config.batch_size, steps=2, warmup=1, slowdown=k)
-                  for d, k in zip(setup.devices, setup.slowdowns)]
-        with HeteroDataParallel(net, setup.devices, speeds, slowdowns=setup.slowdowns) as hdp:
-            extra = dict(setup=asdict(setup), speeds=speeds,
-                         sizes=split_sizes(config.batch_size, speeds))
-            result = TrainResult.create(config, hardware=setup.label,
-                                        num_devices=len(setup.devices),
-                                        data_source=getattr(train_iter, "source", "custom"),
-                                        steps_per_epoch=len(train_iter), extra=extra)
-            optimizer = torch.optim.SGD(hdp.module.parameters(), lr=config.lr)
-            loss_fn = nn.CrossEntropyLoss()
-
-            def step(x, y):
-                return hdp.step(x, y, optimizer, loss_fn)
-            with Shown(train_iter, config.num_epochs, progress) as shown:
-                for r in fit(step, shown, result, range(config.num_epochs), hdp.devices):
-                    r.test_acc.append(evaluate_accuracy(hdp.module, test_iter))
-    return result

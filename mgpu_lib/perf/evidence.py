@@ -50,36 +50,6 @@ def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
     return Calibration(1.0 / slope, step_s, rms)
 
 
-def half_speed_batch(rows: Sequence[dict]) -> Optional[float]:
-    """The batch whose images/s is half the largest batch's, interpolated in log2(batch), from
-    rows of `bench.batch_curve` (ascending batches); None when even the smallest batch runs
-    faster than that."""
-    target = rows[-1]["images_per_second"] / 2
-    for lo, hi in zip(rows, rows[1:]):
-        a, b = lo["images_per_second"], hi["images_per_second"]
-        if a < target <= b:
-            x = (target - a) / (b - a)
-            return 2 ** ((1 - x) * math.log2(lo["batch"]) + x * math.log2(hi["batch"]))
-    return None
-
-
-def leave_one_out(measurements: Sequence[tuple[float, float]]) -> list[dict]:
-    """For each measurement: calibrate on the others, predict it, report the relative error."""
-    rows = []
-    for i, (b, t) in enumerate(measurements):
-        pred = calibrate([m for j, m in enumerate(measurements) if j != i]).step_time(b)
-        rows.append(dict(batch=b, measured_s=t, predicted_s=pred, error=(pred - t) / t))
-    return rows
-
-
-def cpu_spec(cal: Calibration, name: str, workload: Workload = RESNET18,
-             cores: int = 1) -> DeviceSpec:
-    """A DeviceSpec for a CPU from its calibrated rate split across `cores` worker processes:
-    its 'peak' is what it achieved (use efficiency=1)."""
-    tflops = cal.achieved_tflops(workload) / cores
-    return DeviceSpec(name, tflops, None, None, 20.0, "measured here (calibrate)")
-
-
 @functools.lru_cache(maxsize=None)
 def workload(width: int = 64, image_size: int = 28) -> Workload:
     """The chapter's ResNet-18 at `width` on `image_size`-px images, as numbers (no net built)."""

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .evidence import Calibration, band, published_fit, workload
+from .evidence import band, published_fit, workload
 from .scaling import DeviceSpec, Overheads, pair_link, predict_step_time
-from ..config import EVAL_BATCH
 
 
 @dataclass(frozen=True)
@@ -42,34 +41,6 @@ def step_seconds(spec: DeviceSpec, batch: float, width: int = 64, devices: int =
                              workload=workload(width), overheads=o).total
 
 
-@dataclass
-class StepModel:
-    """Seconds per training step on one device: `step_seconds` for `spec`, rescaled to a
-    measured step (`rescale`), then replaced by a measured line (`cal`) once there is one."""
-    spec: DeviceSpec
-    width: int
-    scale: float = 1.0
-    cal: Optional[Calibration] = None
-
-    def step_s(self, batch: float) -> float:
-        if self.cal is not None:
-            return self.cal.step_time(batch)
-        return self.scale * step_seconds(self.spec, batch, self.width)
-
-    def epoch_s(self, batch: int, images: int) -> float:
-        """One training epoch; the last partial batch is dropped, as `DeviceLoader` does."""
-        return max(1, images // batch) * self.step_s(batch)
-
-    def eval_s(self, images: int) -> float:
-        """One evaluation pass at `EVAL_BATCH`: forward only, a step's work over `train_factor`."""
-        return images / EVAL_BATCH * self.step_s(EVAL_BATCH) / workload(self.width).train_factor
-
-    def rescale(self, measured_step_s: float, batch: int) -> None:
-        """Scale the datasheet model so that it predicts `measured_step_s` at `batch`."""
-        if self.cal is None and measured_step_s > 0:
-            self.scale *= measured_step_s / self.step_s(batch)
-
-
 def gpu_seconds(jobs: Sequence[Job], spec, overheads: Optional[Overheads] = None) -> float:
     """Training seconds for `jobs` on GPUs of `spec` (DataParallel over `job.devices`)."""
     total = 0.0
@@ -93,21 +64,9 @@ def cpu_rates(records) -> dict[str, dict[int, float]]:
     return rates
 
 
-RECORDED_THREADS = 2    # every bench_cpu.jsonl record ran torch on 2 threads (a test checks)
-
-
 def recorded_cpus(rates: dict) -> str:
     """What a CPU prediction from `cpu_rates` is for, in words short enough to end a line."""
     return f"a 2-core CPU like the {len(rates)} recorded {'one' if len(rates) == 1 else 'ones'}"
-
-
-def recorded_cpu(rates: dict, width: int, threads: int = RECORDED_THREADS) -> Calibration:
-    """A CPU before it is measured: the slowest CPU of `rates` (`cpu_rates`), its fast loop
-    (fp32) at the recorded width nearest `width`, scaled to `width` by FLOPs and to `threads`
-    in proportion (an assumption), as a line through the origin (no per-step cost)."""
-    flops = min(r[min(r, key=lambda w: abs(w - width))] for r in rates.values())
-    rate = flops * threads / RECORDED_THREADS / workload(width).train_flops
-    return Calibration(images_per_second=rate, step_s=0.0, rms_error_s=0.0)
 
 
 def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
