@@ -118,8 +118,6 @@ def balanced_subset(labels: torch.Tensor, limit: Optional[int], seed: int = 0) -
     n = labels.shape[0]
     if limit is None or limit >= n:
         return torch.arange(n)
-    if limit < 1:
-        raise ValueError(f"limit must be positive, got {limit}")
     g = torch.Generator().manual_seed(seed)
     classes = torch.unique(labels).tolist()
     picks = []
@@ -152,8 +150,6 @@ class DeviceLoader:
                  shuffle: bool, device: Union[str, torch.device, None] = None, seed: int = 0,
                  source: str = "unknown", drop_last: bool = False, rank: int = 0,
                  world_size: int = 1):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.device = torch.device(device or "cpu")
         self.images = images.to(self.device)
         self.labels = labels.to(self.device, torch.int64)
@@ -190,8 +186,6 @@ def load_raw(source: str = "auto", root: Union[str, Path, None] = None,
     `MGPU_FASHION_MNIST_DIR`) is a promise: missing or bad, it is a `DataError`. Synthetic data
     stands in, with a warning, only where nothing was named, the download failed, and the
     caller allows it."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown data source {source!r}; valid: {', '.join(SOURCES)}")
     if source == "synthetic":
         return synthetic_fashion_mnist(), "synthetic"
     named = "root" if root else "MGPU_FASHION_MNIST_DIR"

@@ -32,8 +32,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
-from .training import (BN_METRICS, METRICS, PARTIAL, Shown, TrainConfig, TrainResult, backends,
-                       check_out, evaluate, fit, fixed_sample, make_model, make_step, sgd)
+from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, backends,
+                       check_out, counted, evaluate, fit, fixed_sample, make_model,
+                       make_step, progress_bar, sgd)
 
 CKPT_NAME = "last.pt"
 # A snapshot continues only the run it came from: these settings must match (epochs may grow).
@@ -50,8 +51,6 @@ class RankInputError(ValueError):
 def choose_backend(backend: str = "auto") -> str:
     """`nccl` where CUDA and NCCL exist, else `gloo` (`auto`), or the one asked for. Windows
     and macOS builds have no NCCL (pytorch.org/docs/stable/distributed): gloo on the CPU."""
-    if backend not in ("auto", "nccl", "gloo"):
-        raise ValueError(f"backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "auto":
         return "nccl" if num_gpus() > 0 and dist.is_nccl_available() else "gloo"
     return backend
@@ -59,8 +58,6 @@ def choose_backend(backend: str = "auto") -> str:
 
 def local_batch_size(global_batch: int, world_size: int) -> int:
     """Each rank's share of the global batch; an uneven split is a ValueError."""
-    if world_size < 1:
-        raise ValueError(f"number of processes must be positive, got {world_size}")
     if global_batch % world_size:
         raise ValueError(f"batch size {global_batch} does not split evenly over {world_size} "
                          f"processes; use a multiple of {world_size}")
@@ -215,8 +212,10 @@ def train(config: TrainConfig, device, checkpoint=None, resume=False, progress=F
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
-    with backends(switches), Shown(train_iter, len(epochs), progress) as shown:
-        for r in fit(step, shown, result, epochs, [device], reduce=dist.all_reduce):
+    bar = progress_bar(len(train_iter) * len(epochs), progress)
+    step = counted(step, bar)      # each step advances the bar
+    with backends(switches), bar:
+        for r in fit(step, train_iter, result, epochs, [device], dist.all_reduce):
             if rank == 0:  # rank 0 alone evaluates, saves and prints
                 evaluate(r, net, test_iter, sample, switches, then=on_epoch)
     return result
@@ -250,11 +249,8 @@ def main(config: TrainConfig, out: Optional[str] = None,
     ranks); rank 0 saves the result as JSON to `out`, then prints its summary. Bad
     input (missing data, a bad checkpoint, an uneven batch) is a `RankInputError`."""
     try:
-        # refused before the rendezvous: a rank past the world, an uneven batch
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if not 0 <= rank < world:
-            raise ValueError(f"RANK {rank} is not below WORLD_SIZE {world}")
-        local_batch_size(config.batch_size, world)
+        # refused before the rendezvous: an uneven batch
+        local_batch_size(config.batch_size, int(os.environ["WORLD_SIZE"]))
         if checkpoint and not resume:
             check_fresh(checkpoint)
         exit_with_parent()

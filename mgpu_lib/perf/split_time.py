@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Real
 from typing import Optional, Sequence
 
-from ..split import check_speeds, split_sizes
+from ..split import split_sizes
 
 
 def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: float) -> float:
     """Seconds per step: the slowest shard (inf for one with work and speed 0), plus `sync_s`
     when two or more devices work."""
-    speeds = check_speeds(speeds)
-    if len(sizes) != len(speeds):
-        raise ValueError(f"{len(sizes)} sizes for {len(speeds)} speeds")
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
-        raise ValueError(f"sizes must be integers >= 0, got {list(sizes)}")
-    if not (isinstance(sync_s, Real) and math.isfinite(sync_s) and sync_s >= 0):
-        raise ValueError(f"sync_s must be a finite number >= 0, got {sync_s!r}")
     shard_s = [n / s if s > 0 else math.inf for n, s in zip(sizes, speeds) if n > 0]
     return max(shard_s, default=0.0) + (sync_s if len(shard_s) > 1 else 0.0)
 
@@ -46,7 +38,6 @@ class SplitPlan:
 def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
     """The split with the smallest slowest shard (`split_sizes`), its predicted step time and
     its predicted speedup over the fastest device alone."""
-    speeds = check_speeds(speeds)
     sizes = split_sizes(total, speeds)
     paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
     return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
@@ -70,9 +61,6 @@ def break_even_slowdown(total: int, speed: float, sync_s: float) -> Optional[flo
     """How many times slower than a device of `speed` (images/s) a second one can be before a
     share of `total` stops paying, sync included: the k where `best_split`'s speedup falls to 1
     (bisection). None: even an equal device does not pay for the sync."""
-    speed = check_speeds([speed])[0]
-    if speed <= 0:
-        raise ValueError("speed must be > 0")
     pays = lambda k: best_split(total, [speed, speed / k], sync_s).speedup > 1.0
     if not pays(1.0):
         return None
