@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from mgpu_lib.book import cli
-from mgpu_lib.book.store import Output, ResultsError
+from mgpu_lib.book.store import ResultsError
 from mgpu_lib.training import HEADER, LEGACY_SCHEMA, SCHEMA, TrainConfig, TrainResult
 
 
@@ -83,13 +83,6 @@ def batch(n: int = 16):
     """`n` random 28 x 28 images and labels, the same every call."""
     g = torch.Generator().manual_seed(1)
     return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
-
-
-def write_json_atomic(path, obj) -> None:
-    """Write `obj` as JSON to `path` the way `train --out` does (`Output`: checked, then atomic
-    for a file)."""
-    with Output(path) as out:
-        out.write(obj)
 
 
 def check_header(rec: dict, where: str) -> None:

@@ -187,11 +187,11 @@ def test_a_killed_parent_takes_the_job_and_its_folder_with_it(tmp_path):
     stops its ranks as on SIGTERM and removes the job's folder, on any platform. Before:
     Linux's parent-death signal (`prctl`, Linux only) stopped torchrun; the folder stayed."""
     child = textwrap.dedent("""
-        import os, tempfile
+        import os
         from mgpu_lib.lab import launcher
-        job = tempfile.mkdtemp(prefix="mgpu-test-")
-        launcher.run_ranks(["-c", "import time; time.sleep(600)"], 2, job,
-                           env=dict(os.environ), timeout_s=600)
+        with launcher.job_folder("mgpu-test-") as job:
+            launcher.run_ranks(["-c", "import time; time.sleep(600)"], 2, job,
+                               env=dict(os.environ), timeout_s=600)
         """)
     parent = subprocess.Popen([sys.executable, "-c", child], cwd=REPO,
                               env=dict(os.environ, TMPDIR=str(tmp_path)))

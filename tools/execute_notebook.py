@@ -9,7 +9,7 @@ means nothing in a static page) and refuses to save a notebook whose outputs hol
 a machine path. A cell that fails or runs past `--timeout` stops the run with one line naming the
 page and the cell; `--slowest N` lists the N slowest cells of each page. Every notebook named is
 read first: a missing path, a folder, a file that is not a notebook, a timeout that is not a
-positive number of seconds up to a week, an `--out` that cannot be written or two notebooks of
+positive number of seconds, an `--out` that cannot be written or two notebooks of
 one name for one `--out` is one line and exit 2, before anything runs. A copy stays in `--out`
 only once executed: a failure, Ctrl-C or SIGTERM removes it.
 """

@@ -354,7 +354,7 @@ def main(argv=None, started: Optional[float] = None) -> int:
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     try:
         statuses = [run_stage(run, name, run_id) for name in STAGES]
-    except ResultsError as e:         # a record that could not be stored (a full disk)
+    except (ResultsError, OSError) as e:     # a record that could not be stored (a full disk)
         print(f"gpu_check: error: {e}", file=sys.stderr)
         return 2
     print(f"gpu_check: done in {time.time() - run.start:.0f} s: " + ", ".join(

@@ -11,19 +11,17 @@
 Exit codes: 0 done; 1 a DDP rank failed; 2 bad input (one line on stderr); 3 the run diverged
 (its result is still written); 130 Ctrl-C and 143 SIGTERM. Output paths are checked before any
 work, and a result is saved before anything is printed about it; once standard output's reader
-is gone (`| head`), printing is dropped and the work goes on; standard output that cannot be
-written (`> /dev/full`) is one line and exit 2 at the end.
+is gone (`| head`), printing is dropped and the work goes on.
 """
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
 import sys
 import threading
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -34,39 +32,25 @@ from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, check_fresh
 from ..devices import DeviceError, num_gpus, try_gpu
 from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
-from .store import Output, ResultsError, append, check_writable
+from .store import append, check_output, check_writable, save_result
 from ..config import AUTO, channels_last_safe, is_number
 from ..ddp import add_flags
-from .flags import COUNT, POSITIVE_INT, Check, on_cli
+from .flags import COUNT, POSITIVE_INT, POSITIVE_NUMBER, Check, argtype, on_cli
 from ..lab.launcher import LaunchError, launch
-from .sweep import (MAX_POINTS, check_points, merge_vary, parse_seeds, parse_vary, plan_line,
-                    plural, predicted_sweep, sweep, unique, vary_keys)
+from .sweep import (count_points, merge_vary, parse_seeds, parse_vary, plan_line, plural,
+                    predicted_sweep, sweep, unique, vary_keys)
 from ..lab.trace import ONE_BUCKET_MB, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
 
-WEEK_S = 7 * 24 * 3600          # a longer timeout is a typo: 1e10 s overflows torch's timers
-TIMEOUT = Check(f"a number of seconds above 0, at most {WEEK_S:,} (a week)",
-                lambda v: is_number(v) and 0 < v <= WEEK_S, float, "S")
+TIMEOUT = POSITIVE_NUMBER       # seconds: --timeout here and in tools/execute_notebook.py
 # A cap above the model's gradients is one bucket, so larger caps change nothing; DDP turns the
 # cap into a byte count, which overflows near 1e300.
 BUCKET_CAP = Check(f"a number of MiB above 0 and at most {ONE_BUCKET_MB:g} (one bucket for "
-                   f"any model here)", lambda v: is_number(v) and 0 < v <= ONE_BUCKET_MB,
-                   float, "MIB")
+                   f"any model here)", lambda v: is_number(v) and 0 < v <= ONE_BUCKET_MB, float)
 BF16_FLAG = {"auto": AUTO, "on": True, "off": False}    # a --bf16 value as a config value
 
 
-def _argtype(parse, name: str):
-    """An argparse type from `parse`: its ValueError is one line naming the flag."""
-    def convert(text: str):
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = name
-    return convert
-
-
-seed_list = _argtype(parse_seeds, "seeds")      # --seeds of `sweep` and of the tools
+seed_list = argtype(parse_seeds)      # --seeds of `sweep` and of the tools
 
 
 class Parser(argparse.ArgumentParser):
@@ -82,19 +66,18 @@ def build_parser(config=TrainConfig) -> Parser:
     parser.set_defaults(config_class=config)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def command(name: str, text: str, trains: bool = False,
-                out: str = "write the TrainResult JSON here") -> argparse.ArgumentParser:
+    def command(name: str, text: str, trains: bool = False) -> argparse.ArgumentParser:
         """A subcommand; one that `trains` has a flag per setting of `config` (left out: the
-        profile's value), --profile and --out."""
+        profile's value) and --profile."""
         p = sub.add_parser(name, help=text)
         if trains:
             add_flags(p, config)
             p.add_argument("--profile",
                            help="smoke, cpu or full (default: MGPU_PROFILE, else by hardware)")
-            p.add_argument("--out", help=out)
         return p
 
     p = command("train", "train the chapter's ResNet-18", trains=True)
+    p.add_argument("--out", help="write the TrainResult JSON here")
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
@@ -106,9 +89,8 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="DDP: seconds a rank waits for a silent peer before the job fails "
                         f"(default {COLLECTIVE_TIMEOUT_S:g})")
 
-    p = command("sweep", "resumable hyperparameter sweep into a JSON store", trains=True,
-                out=argparse.SUPPRESS)                  # refused: records go to --store
-    p.add_argument("--vary", type=_argtype(lambda text: parse_vary(text, config), "vary"),
+    p = command("sweep", "resumable hyperparameter sweep into a JSON store", trains=True)
+    p.add_argument("--vary", type=argtype(lambda text: parse_vary(text, config)),
                    action="append", required=True,
                    help="NAME=V1,V2,... (repeatable; a repeated name adds its values): "
                         f"{', '.join(vary_keys(config))} (nprocs: DDP processes, 0 = "
@@ -119,8 +101,7 @@ def build_parser(config=TrainConfig) -> Parser:
                    help="JSON Lines store: read, then one record appended per new point")
     p.add_argument("--yes", action="store_true",
                    help=f"train a sweep of more than {SWEEP_CAP} points or predicted to take "
-                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise; above "
-                        f"{MAX_POINTS:,} points always)")
+                        f"more than {SWEEP_HOURS:g} h (it is refused otherwise)")
 
     p = command("bench", "the chapter's loop vs the fast loop, alternating")
     p.add_argument("--steps", type=POSITIVE_INT, default=5, help="timed steps per repeat")
@@ -180,17 +161,11 @@ def cmd_train(args) -> int:
     ddp = args.strategy == "ddp"
     if not ddp and (args.nprocs or args.checkpoint or args.resume or args.timeout is not None):
         raise ValueError("--nprocs, --checkpoint, --resume and --timeout need --strategy ddp")
-    if ddp and args.out and args.checkpoint and os.path.realpath(args.out) == os.path.realpath(
-            Path(args.checkpoint) / CKPT_NAME):
-        raise ValueError(f"--out {args.out} is the checkpoint file; name another file")
-    # checked before training (a FIFO opened now); a store or a checkpoint is never replaced
-    with Output(args.out) if args.out else nullcontext() as out:
-        result = _train_ddp(config, args) if ddp else train(
-            config, data=None if config.fast else chapter_data(config), progress=True)
-        if result is None:                     # a DDP rank failed: said in one line
-            return 1
-        if out is not None:                    # saved first: printing can fail (a closed pipe)
-            out.write(result.to_dict())
+    out = check_output(args.out) if args.out else None     # before training: never a store
+    result = _train_ddp(config, args) if ddp else train(
+        config, data=None if config.fast else chapter_data(config), progress=True)
+    if out is not None:                        # saved first: printing can fail (a closed pipe)
+        save_result(result, out)
     if not ddp:                                # DDP echoed rank 0's summary line already
         print(result.summary())
     return 0 if result.status == "ok" else 3
@@ -202,14 +177,11 @@ SWEEP_CAP = 200
 SWEEP_HOURS = 2.0
 
 
-def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool,
-               notes: Sequence[str] = ()) -> None:
-    """Print a sweep's plan (and `notes`); a ValueError if it is too big, or, unless `yes`,
-    more than `SWEEP_CAP` points or `SWEEP_HOURS` hours."""
-    n = check_points(vary, seeds)
-    pred = predicted_sweep(base, vary, seeds)
-    print("\n".join([plan_line(base, vary, seeds, pred)] + [f"note: {t}" for t in notes]),
-          flush=True)
+def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool) -> None:
+    """Print a sweep's plan; unless `yes`, a ValueError if it has more than `SWEEP_CAP` points
+    or takes more than `SWEEP_HOURS` hours."""
+    n, pred = count_points(vary, seeds), predicted_sweep(base, vary, seeds)
+    print(plan_line(base, vary, seeds, pred), flush=True)
     if n > SWEEP_CAP and not yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
     if pred and pred[1] > SWEEP_HOURS * 3600 and not yes:
@@ -218,12 +190,8 @@ def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool,
 
 
 def cmd_sweep(args) -> int:
-    if args.out:
-        raise ValueError("sweep has no --out: it appends every point to --store")
-    seeds, repeated = unique(args.seeds)
-    base, (vary, notes) = config_from_args(args), merge_vary(args.vary)
-    notes += [f"seed {s} given more than once; swept once" for s in repeated]
-    check_plan(base, vary, seeds, args.yes, notes)
+    seeds, base, vary = unique(args.seeds)[0], config_from_args(args), merge_vary(args.vary)
+    check_plan(base, vary, seeds, args.yes)
     records = sweep(base, vary, seeds=seeds, store=args.store,
                     log=lambda line: print(line, flush=True))
     print(f"{plural(len(records), 'point')} in {args.store}")
@@ -252,46 +220,30 @@ def _train_ddp(config, args):
         check_writable(Path(args.checkpoint) / CKPT_NAME)
     if not args.resume:          # an earlier run's snapshot is never replaced
         check_fresh(args.checkpoint)
-    try:      # launch echoes rank 0's progress and summary lines
-        return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
-                      resume=args.resume, collective_timeout_s=args.timeout or COLLECTIVE_TIMEOUT_S,
-                      log=lambda line: print(line, flush=True))
-    except LaunchError as e:    # a failed rank: one line, exit code 1
-        print(f"python -m mgpu_lib train: error: {e}", file=sys.stderr)
-        return None
+    # launch echoes rank 0's progress and summary lines; a failed rank is a LaunchError
+    return launch(config, args.nprocs or num_gpus() or 2, checkpoint=args.checkpoint,
+                  resume=args.resume, collective_timeout_s=args.timeout or COLLECTIVE_TIMEOUT_S,
+                  log=lambda line: print(line, flush=True))
 
 
 def cmd_pages(args) -> int:
     """The README's table: each page's predicted time on a Colab T4 and on a 2-core CPU."""
-    try:
-        header, rows = prediction_header(), prediction_rows()
-    except ValueError as e:                      # MGPU_PAGE_BUDGET_MIN that is not a number
-        print(f"mgpu_lib pages: error: {e}", file=sys.stderr)
-        return 2
+    header, rows = prediction_header(), prediction_rows()
     print("\n".join(header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]))
     return 0
 
 
 def check_trace_folder(out) -> None:
-    """`trace --out` writes into a new folder, or one that holds this command's own earlier
-    traces (an `events.json` of a trace run, the variants' rank*.json), never another
+    """`trace --out` writes into a new or empty folder, or one that holds this command's own
+    earlier traces (an `events.json` of a trace run, the variants' rank*.json), never another
     folder's files (issue 52: it had replaced a user's events.json without a word)."""
-    out = Path(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ValueError(f"--out {out} is not a folder; name a new folder for the traces")
-    files = [f for f in out.rglob("*") if not f.is_dir()]
-    if not files:
-        return
+    files = [f for f in Path(out).rglob("*") if f.is_file()]
     try:
-        ours = set(json.loads((out / "events.json").read_text(encoding="utf-8"))) >= {
-            "hardware", "nprocs", "ranks"}
-    except (OSError, ValueError, TypeError):
+        ours = not files or {"hardware", "nprocs", "ranks"} <= set(
+            json.loads((Path(out) / "events.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
         ours = False
-    strays = [f for f in files if f.name != "events.json" and not (
-        f.parent.parent == out and f.name.startswith("rank") and f.suffix == ".json")]
-    if not ours or strays:
+    if not ours or any(f.name != "events.json" and not f.match("*/rank*.json") for f in files):
         raise ValueError(f"--out {out} holds files that are not this command's traces; name a "
                          f"new folder (or one with earlier traces alone)")
 
@@ -324,13 +276,11 @@ COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "bench": cmd_bench, "pages":
 
 
 class _Stdout:
-    """Standard output that outlives its reader (`| head -1`) or its device (`> /dev/full`):
-    once a write fails, the descriptor points at os.devnull (Python's SIGPIPE recipe) and the
-    work goes on. A failure other than a closed pipe is kept in `error`, for one line."""
+    """Standard output that outlives its reader (`| head -1`): once the pipe is closed, the
+    descriptor points at os.devnull (Python's SIGPIPE recipe) and the work goes on."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
-        self.error: Optional[OSError] = None
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
@@ -345,30 +295,10 @@ class _Stdout:
     def _unless_closed(self, method, *args) -> None:
         try:
             method(*args)
-        except OSError as e:
-            if not isinstance(e, BrokenPipeError):
-                self.error = self.error or e
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self.stream.fileno())
-                os.close(devnull)
-            except (AttributeError, OSError, ValueError):    # not a real file: drop it all
-                self.stream = io.StringIO()
-
-
-def _open_std_streams() -> None:
-    """A standard stream the caller closed (`2>&-`) is os.devnull: tqdm and the error line have
-    somewhere to go, and a result file opened later never becomes descriptor 2."""
-    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)         # the lowest free descriptor: `fd`
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-        if getattr(sys, name) is None:                   # Python found it closed at start
-            setattr(sys, name, open(os.devnull, "r" if fd == 0 else "w", encoding="utf-8"))
+        except BrokenPipeError:
+            with suppress(AttributeError, OSError, ValueError):     # a real file: at exit too
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            self.stream = open(os.devnull, "w", encoding="utf-8")
 
 
 class Terminated(KeyboardInterrupt):
@@ -394,23 +324,16 @@ def sigterm_interrupts():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    _open_std_streams()
-    args = build_parser().parse_args(argv)
-    out = _Stdout(sys.stdout)
+    args, out = build_parser().parse_args(argv), _Stdout(sys.stdout)
     try:     # SIGTERM says what it stopped, as Ctrl-C does
         with redirect_stdout(out), sigterm_interrupts():
             try:
-                code = COMMANDS[args.command](args)
+                return COMMANDS[args.command](args)
             finally:
-                out.flush()
-        if out.error is not None:     # the result, if any, is saved
-            print(f"python -m mgpu_lib {args.command}: error: cannot write standard output: "
-                  f"{out.error.strerror or out.error}", file=sys.stderr)
-            return code or 2
-        return code
-    except (ValueError, DeviceError, DataError, ResultsError) as e:
+                out.flush()     # a closed pipe is found now, not as Python exits
+    except (ValueError, OSError, DeviceError, DataError, LaunchError) as e:
         print(f"python -m mgpu_lib {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, LaunchError) else 2     # a failed rank, else bad input
     except KeyboardInterrupt as e:     # Ctrl-C or SIGTERM
         print(f"python -m mgpu_lib {args.command}: {str(e) or 'interrupted (Ctrl-C)'}; "
               "stopped, no result written for the run in progress", file=sys.stderr)

@@ -11,38 +11,42 @@ from ..config import SEED_MAX, _int, is_number
 from ..ddp import READ, kind
 
 
+def argtype(parse: Callable[[str], Any]):
+    """`parse` as an argparse type: its ValueError is one line naming the flag."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
 @dataclass(frozen=True)
 class Check:
     """What values an option takes (`ok`), said as "must be <words>"; `convert` reads the
-    command line's text, shown in help as `metavar`."""
+    command line's text. Called, it is an argparse type."""
     words: str
     ok: Callable[[Any], bool]
     convert: Callable[[str], Any]
-    metavar: str = "VALUE"
 
     def parse(self, text: str):
         try:
             value = self.convert(text.strip())
-        except (ValueError, OverflowError):
+        except ValueError:
             value = None
         if value is None or not self.ok(value):
             raise ValueError(f"must be {self.words}, got {text!r}")
         return value
 
     def __call__(self, text: str):
-        """`parse` as an argparse type: a refusal is one line naming the flag."""
-        try:
-            return self.parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+        return argtype(self.parse)(text)
 
 
-POSITIVE_INT = Check("a positive integer", lambda v: _int(v) and v >= 1, int, "N")
-COUNT = Check("an integer >= 0", lambda v: _int(v) and v >= 0, int, "N")
-SEED = Check("an integer from 0 to 2**63 - 1", lambda v: _int(v) and 0 <= v <= SEED_MAX,
-             int, "N")
-POSITIVE_NUMBER = Check("a positive number", lambda v: is_number(v) and v > 0, float, "X")
-NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: is_number(v) and v >= 0, float, "X")
+POSITIVE_INT = Check("a positive integer", lambda v: _int(v) and v >= 1, int)
+COUNT = Check("an integer >= 0", lambda v: _int(v) and v >= 0, int)
+SEED = Check("an integer from 0 to 2**63 - 1", lambda v: _int(v) and 0 <= v <= SEED_MAX, int)
+POSITIVE_NUMBER = Check("a positive number", lambda v: is_number(v) and v > 0, float)
+NONNEGATIVE_NUMBER = Check("a finite number >= 0", lambda v: is_number(v) and v >= 0, float)
 
 
 def on_cli(cls) -> list[dataclasses.Field]:                  # the settings that have a flag

@@ -43,12 +43,8 @@ from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
 OPTIONS = {"warmup_epochs": NONNEGATIVE_NUMBER, "nprocs": COUNT}
 # config fields that only choose the fast path's switches (the chapter's loop ignores them)
 SWITCH_FIELDS = ("fast",) + tuple(f.name for f in fields(Switches))
-# Above this many points a sweep is refused before its list is built: 10**7 configs take
-# minutes just to construct, and no run of this book's network finishes that many.
-MAX_POINTS = 100_000
 # The settings that change a run's cost in the model; every other key only multiplies runs.
 SHAPE = ("batch_size", "width", "train_limit", "test_limit", "devices")
-MAX_PREDICTED_JOBS = 2_000      # more distinct run shapes than this: no prediction (it is slow)
 
 
 # ---- the points ------------------------------------------------------------------------------
@@ -79,7 +75,7 @@ def as_point(result: TrainResult, config: TrainConfig, options: dict) -> TrainRe
 
 def load_store(path) -> list[TrainResult]:
     """A store's runs ([] if there is no file yet); of a point stored twice, the later record."""
-    runs = [results.as_run(d, f"{results._shown(path)}: record {i}")
+    runs = [results.as_run(d, f"{path}: record {i}")
             for i, d in enumerate(results.read(path), 1)]
     return list({key_of(r): r for r in runs}.values())
 
@@ -93,22 +89,12 @@ def unique(values: Sequence) -> tuple[list, list]:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]; a ValueError for a bad seed, a range that runs backwards, or
-    more seeds than a sweep holds (`MAX_POINTS`, counted before the list is built)."""
-    ranges = []
+    """'0-3,7' -> [0, 1, 2, 3, 7]; a ValueError for a seed that is no seed."""
+    seeds = []
     for part in text.split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo:
-            raise ValueError(f"{part.strip()!r}: a seed is an integer from 0, a range LOW-HIGH")
-        first = SEED.parse(lo)
-        last = SEED.parse(hi) if dash else first
-        if last < first:
-            raise ValueError(f"range {part.strip()!r} runs backwards")
-        ranges.append((first, last))
-    n = sum(last - first + 1 for first, last in ranges)
-    if n > MAX_POINTS:
-        raise ValueError(f"{n:,} seeds is more than a sweep can hold ({MAX_POINTS:,})")
-    return [s for first, last in ranges for s in range(first, last + 1)]
+        seeds += range(SEED.parse(lo or part), SEED.parse(hi if dash else lo) + 1)
+    return seeds
 
 
 def vary_keys(config=TrainConfig) -> dict[str, Callable[[str], object]]:
@@ -125,8 +111,6 @@ def parse_vary(text: str, config=TrainConfig) -> tuple:
     aliases = {flag_name(f)[2:].replace("-", "_"): f.name for f in on_cli(config)}
     name, sep, values = text.partition("=")
     name = aliases.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
-    if name in ("seed", "seeds"):
-        raise ValueError("seeds are not a --vary key; use --seeds 1,2")
     if name not in keys:
         raise ValueError(f"unknown key {name!r}; known keys: {', '.join(keys)}")
     if not sep or not values:
@@ -137,18 +121,13 @@ def parse_vary(text: str, config=TrainConfig) -> tuple:
         raise ValueError(f"{name}: {e}") from None
 
 
-def merge_vary(pairs) -> tuple[dict, list[str]]:
+def merge_vary(pairs) -> dict:
     """A repeated key adds its values (`--vary lr=0.05 --vary lr=0.1` sweeps both); a value
-    given twice is swept once. Returns the axes and one note per value given twice."""
+    given twice is swept once."""
     vary: dict = {}
     for name, values in pairs:
         vary.setdefault(name, []).extend(values)
-    notes = []
-    for name, values in vary.items():
-        vary[name], repeated = unique(values)
-        notes += [f"{name} {v:{'g' if isinstance(v, float) else ''}} given more than once; "
-                  f"swept once" for v in repeated]
-    return vary, notes
+    return {name: unique(values)[0] for name, values in vary.items()}
 
 
 def count_points(vary: dict, seeds: Sequence[int]) -> int:
@@ -156,25 +135,9 @@ def count_points(vary: dict, seeds: Sequence[int]) -> int:
     return math.prod(len(unique(v)[0]) for v in vary.values()) * len(unique(seeds)[0])
 
 
-def check_points(vary: dict, seeds: Sequence[int]) -> int:
-    """The number of points in `vary` x `seeds`; a ValueError past what a sweep holds."""
-    n = count_points(vary, seeds)
-    if n > MAX_POINTS:
-        raise ValueError(f"{n:,} points is more than a sweep can hold ({MAX_POINTS:,}); "
-                         "vary fewer values")
-    return n
-
-
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
     """The cartesian product of `vary` and `seeds`, each value once, longest runs first (so
-    short ones derive); a ValueError for a key that is no config field or option."""
-    known = [k for k in base.to_dict() if k != "seed"] + list(OPTIONS)
-    for k in vary:
-        if k == "seed":                 # seeds have their own argument
-            raise ValueError("vary seeds with `seeds` (--seeds 1,2), not as a key")
-        if k not in known:
-            raise ValueError(f"unknown key {k!r}; known keys: {', '.join(known)}")
-    check_points(vary, seeds)
+    short ones derive); each key a config field (not the seed) or an option."""
     points = []
     for values in itertools.product(*(unique(v)[0] for v in vary.values()), unique(seeds)[0]):
         chosen = dict(zip(vary, values[:-1]))
@@ -214,9 +177,7 @@ def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]
 def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
                     ) -> Optional[tuple[float, float, str]]:
     """(low, high, on what) by `pages.predict_jobs` on this machine's first GPU, else the
-    recorded CPUs; an upper bound. None without a datasheet or record, or too many shapes."""
-    if math.prod(len(vary.get(k, [0])) for k in SHAPE) > MAX_PREDICTED_JOBS:
-        return None
+    recorded CPUs; an upper bound. None without a datasheet or record."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return predict_jobs(sweep_jobs(base, vary, seeds), gpu)
 
@@ -238,9 +199,8 @@ def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
 
 def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int = 0) -> TrainResult:
     """`train` without output, with a linear lr warmup, or DDP over `nprocs` processes (a job
-    that fails is a result with status "failed" and the error in `extra`)."""
-    if nprocs and warmup_epochs:    # `check_point` refuses it before a sweep trains anything
-        raise ValueError("warmup with DDP processes is not implemented; vary one of them")
+    that fails is a result with status "failed" and the error in `extra`; warmup with DDP is
+    refused by `check_point`)."""
     if nprocs:
         try:
             return launch(config, nprocs)

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-import psutil
-
 from ..config import TrainConfig
 from ..ddp import COLLECTIVE_TIMEOUT_S, LOG, choose_backend, cpu_threads, local_batch_size
 from ..devices import DeviceError, num_gpus
@@ -27,22 +25,18 @@ from .failures import Ended, LaunchError, failure, read_failures  # noqa: F401 (
 from .reaper import MARK, kill_ranks, reaped, stop, stop_all, tree  # noqa: F401 (tree, stop_all)
 
 SHUTDOWN_GRACE_S, POLL_S = 5, 0.2
-RANK_BYTES = 2**30      # one gloo rank's own memory, measured: 1.3 GB at width 64, 0.8 at 16
 
 
 def check_nprocs(nprocs: int, backend: str) -> None:
     """Refuse more processes than devices (nccl: one a GPU; gloo: one a core, though 2 on any
-    CPU) or memory: a DeviceError."""
-    cores, free = os.cpu_count() or 1, psutil.virtual_memory().available
+    CPU): a DeviceError."""
+    cores = os.cpu_count() or 1
     if backend == "nccl" and nprocs > num_gpus():
         raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
                           f"{num_gpus()}")
     if backend == "gloo" and nprocs > max(2, cores):
         raise DeviceError(f"{nprocs} gloo processes are more than this machine's {cores} CPU "
                           f"cores; use at most {max(2, cores)}")
-    if nprocs * RANK_BYTES > free:
-        raise DeviceError(f"{nprocs} DDP processes need about {nprocs * RANK_BYTES / 2**30:.1f}"
-                          f" GB of memory; {free / 2**30:.1f} GB is available")
 
 
 def rank_env(backend: str, nprocs: int) -> dict:
@@ -70,7 +64,7 @@ def job_folder(prefix: str):
 def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: Optional[float] = None,
               log=None, done=None) -> Ended:
     """`torchrun --standalone` runs `python ARGS` as ranks 0..nprocs-1; rank 0's lines go to
-    `log`. `job`: a folder the job owns, removed with it; `done`: a file that means the work is
+    `log`. `job`: the job's `job_folder`, removed with it; `done`: a file that means the work is
     saved. A failure is a LaunchError, or a RankInputError (a ValueError) for a refused input."""
     job = Path(job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max_restarts=0",
@@ -78,8 +72,7 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: Optional[fl
            sys.executable, "-u", *args]
     (job / "tmp").mkdir(exist_ok=True)      # the ranks' temporary files go with the job
     env = {**env, MARK: str(job), "TMPDIR": str(job / "tmp")}
-    with reaped(job, popen_options()):
-        ended = supervise(cmd, env, timeout_s, log, job / "logs", done)
+    ended = supervise(cmd, env, timeout_s, log, job / "logs", done)
     if ended.code != 0 and not (done and Path(done).exists()):
         raise failure(read_failures(job / "logs", ended), ended)
     return ended

@@ -16,23 +16,17 @@ from contextlib import contextmanager, suppress
 import psutil
 
 MARK = "MGPU_JOB"        # in the environment of every process of a job: its folder
-REAPED: set = set()      # the folders whose reaper this process started and still holds
 
 
 @contextmanager
 def reaped(folder, options: dict):
     """While inside, `folder`'s reaper waits; on leaving, or if this process dies, it ends the
     job and removes the folder. `options`: Popen's, to keep it from our terminal's signals."""
-    if str(folder) in REAPED:       # an outer block's reaper does it
-        yield
-        return
     reaper = subprocess.Popen([sys.executable, __file__, str(folder)], stdin=subprocess.PIPE,
                               **options)
-    REAPED.add(str(folder))
     try:
         yield
     finally:
-        REAPED.discard(str(folder))
         reaper.stdin.close()
         reaper.wait(60)
 
