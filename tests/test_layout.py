@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -376,14 +375,8 @@ def test_main_exit_codes(tmp_path: Path, capsys):
 
 @pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
                     reason="set MGPU_CHECK_BOOK=1 (make test does) to lay out the built book")
-def test_built_book_layout(browser):
-    build = ROOT / "_build" / "html"
-    if not (build / "_sources").is_dir():  # tests/test_book.py builds it first in `make test`
-        jb = Path(sys.executable).parent / "jupyter-book"
-        run = subprocess.run([str(jb), "build", str(ROOT)], capture_output=True, text=True,
-                             timeout=900)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    found = problems(browser, build)
+def test_built_book_layout(browser, built_book):
+    found = problems(browser, built_book)
     assert not found, f"{len(found)} layout problems in the built book:\n" + "\n".join(found)
 
 
@@ -562,14 +555,12 @@ def test_mathjax_only_with_math(browser, tmp_path: Path):
 @pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
                     reason="set MGPU_CHECK_BOOK=1 (make test does) to drive the built book")
 @pytest.mark.parametrize("width", check_layout.WIDTHS)
-def test_built_book_explorers_follow_their_controls(browser, width):
+def test_built_book_explorers_follow_their_controls(browser, built_book, width):
     """ex1's and ex2's pages as built: the keyboard moves each explorer to the library's value,
-    with every other host blocked (test_built_book_layout builds the book where it is missing)."""
+    with every other host blocked."""
     from mgpu_lib.book.pages import recorded_cpu_rates
     from mgpu_lib.perf.evidence import workload
-    build = ROOT / "_build" / "html" / "exercises"
-    if not build.is_dir():
-        pytest.skip("no built book: test_built_book_layout builds it")
+    build = built_book / "exercises"
     flops = workload(64).train_flops
     slower = min(r[min(r, key=lambda k: abs(k - 64))] / flops
                  for r in recorded_cpu_rates().values())
@@ -579,13 +570,11 @@ def test_built_book_explorers_follow_their_controls(browser, width):
 
 @pytest.mark.skipif(os.environ.get("MGPU_CHECK_BOOK") != "1",
                     reason="set MGPU_CHECK_BOOK=1 (make test does) to drive the built book")
-def test_built_book_ex1_explorer_opens_at_two_gpus(browser):
+def test_built_book_ex1_explorer_opens_at_two_gpus(browser, built_book):
     """At 1 GPU ex1's Strategy, Batch and Link change nothing: the page opens at 2, as the
     widget does (mgpu_lib/book/explore.py; the page's stored output, once re-executed)."""
     from mgpu_lib.book.explore import GPUS_DEFAULT_N
-    page = ROOT / "_build" / "html" / "exercises" / "ex1_hyperparameters.html"
-    if not page.is_file():
-        pytest.skip("no built book: test_built_book_layout builds it")
+    page = built_book / "exercises" / "ex1_hyperparameters.html"
     tab = check_layout.open_page(browser, page, 400)
     try:
         assert gpus_at(tab) == GPUS_DEFAULT_N == 2

@@ -132,7 +132,7 @@ def test_a_stopped_ddp_job_leaves_nothing_behind_without_proc(tmp_path):
     but a hung one does not: psutil's tree must find and kill it.
     Before: the workers were found under /proc only, and the hung one was left behind."""
     run = _run(f"""
-        import _thread, json, signal, subprocess, psutil
+        import _thread, json, signal, subprocess, time, psutil
         from mgpu_lib.lab import launcher
         sys.path.insert(0, {str(REPO / "tests")!r})
         from ddp_helpers import tiny
@@ -148,8 +148,15 @@ def test_a_stopped_ddp_job_leaves_nothing_behind_without_proc(tmp_path):
         try:
             launcher.launch(tiny(num_epochs=50), 2, timeout_s=240, log=log)
         except KeyboardInterrupt:       # which workers outlived the stop (none should)
-            print(json.dumps([p for p in seen if psutil.pid_exists(p) and
-                              psutil.Process(p).status() != psutil.STATUS_ZOMBIE]), flush=True)
+            def running(pid):           # a killed process may take a moment to go
+                try:
+                    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    return False
+            for _ in range(50):
+                if any(running(p) for p in seen):
+                    time.sleep(0.1)
+            print(json.dumps([p for p in seen if running(p)]), flush=True)
         """, timeout=300, TMPDIR=str(tmp_path))
     lines = run.stdout.strip().splitlines()
     pids = json.loads(lines[0]) if lines and lines[0].startswith("[") else []
