@@ -203,10 +203,10 @@ def train(config: TrainConfig, device, checkpoint=None, resume=False, progress=F
     net = prepare_model(make_model(config, device), switches)  # seeded: same weights
     model = DDP(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
-    result = TrainResult.create(config, describe_job(device), world,
-                                data_source=getattr(train_iter, "source", "custom"),
-                                steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict()})
+    result = TrainResult(config.to_dict(), describe_job(device), world,
+                         data_source=getattr(train_iter, "source", "custom"),
+                         steps_per_epoch=len(train_iter),
+                         extra={"switches": switches.to_dict()})
     start = restore(checkpoint, config, world, net, optimizer, result) if resume else 0
     on_epoch = functools.partial(save_and_print, checkpoint, net, optimizer)
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)

@@ -16,7 +16,6 @@ import math
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -41,9 +40,6 @@ def diverged(loss: float) -> bool:
 
 # ---- the record a run leaves -------------------------------------------------------------------
 
-SCHEMA = 2           # of the header below; a record without the key is LEGACY_SCHEMA
-LEGACY_SCHEMA = 1
-HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
 # The per-epoch lists of a run, in the order they are filled.
 METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
 # The same weights with BatchNorm's statistics checked (`bn_accuracies`), per epoch where recorded.
@@ -55,7 +51,9 @@ PARTIAL = ".partial-"   # atomic writes' temporary files are `.NAME.partial-XXXX
 @dataclass
 class TrainResult:
     """What a run measured, epoch by epoch: the one record type (a run, a sweep point). `status`
-    is "ok", "diverged", or "failed" (a DDP job that did not finish)."""
+    is "ok", "diverged", or "failed" (a DDP job that did not finish); `extra` holds what else
+    the run knows (its switches, DDP's world, a sweep point's options). The store adds the
+    header every stored record carries (versions, git revision, CPU name)."""
     config: dict
     hardware: str
     num_devices: int
@@ -70,25 +68,7 @@ class TrainResult:
     test_acc_recal: list = field(default_factory=list)
     train_acc_recal: list = field(default_factory=list)
     status: str = "ok"
-    extra: dict = field(default_factory=dict)   # e.g. world size and backend for DDP
-    options: dict = field(default_factory=dict)  # a sweep point's: warmup_epochs, nprocs
-    derived_from: Optional[str] = None   # a sweep point cut from a longer run: that run's key
-    # The rest of the header; `create` fills it, a direct construction leaves it unknown.
-    schema: int = SCHEMA
-    mgpu_lib: Optional[str] = None
-    git: Optional[str] = None
-    torch: Optional[str] = None
-    profile: Optional[str] = None
-
-    @classmethod
-    def create(cls, config: TrainConfig, hardware: str, num_devices: int, *, data_source: str,
-               steps_per_epoch: int, status: str = "ok", extra: Optional[dict] = None
-               ) -> "TrainResult":
-        """A new run's empty result, with the header the core knows (the store adds git's)."""
-        return cls(config=config.to_dict(), hardware=hardware, profile=config.profile,
-                   mgpu_lib=package_version(), torch=str(torch.__version__),
-                   num_devices=num_devices, data_source=data_source,
-                   steps_per_epoch=steps_per_epoch, status=status, extra=dict(extra or {}))
+    extra: dict = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -97,10 +77,6 @@ class TrainResult:
     @property
     def metrics(self) -> dict:
         return {m: getattr(self, m) for m in METRICS}
-
-    def get(self, name: str):
-        """A sweep option or a config field by name (what a sweep's table groups by)."""
-        return self.options[name] if name in self.options else self.config[name]
 
     @property
     def final_test_acc(self) -> float:
@@ -127,10 +103,9 @@ class TrainResult:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
-        """A result from its JSON (without a header: LEGACY_SCHEMA); a one-line ValueError if
-        its fields are not a result's."""
+        """A result from its JSON; a one-line ValueError if its fields are not a result's."""
         try:
-            return cls(**{"schema": LEGACY_SCHEMA, **d})
+            return cls(**d)
         except TypeError as e:
             raise ValueError(f"{where} is not a train result ({e})") from None
 
@@ -138,28 +113,19 @@ class TrainResult:
 def check_out(path) -> None:
     """The one check of every writer of a run's result (`train --out`, the DDP program's
     `--out`), made before any work: it may replace nothing but an empty file or an earlier run's
-    result (one JSON document that reads as a `TrainResult`). A notebook, a results store or
+    result (one JSON object with a config and a loss curve). A notebook, a results store or
     any other file is a one-line ValueError, and stays as it was."""
     path = Path(path)
     if not path.is_file() or not path.read_bytes().strip():
         return                       # new, empty, or a FIFO or device written into
     try:
         doc = json.loads(path.read_bytes())
-        if isinstance(doc, dict) and "nbformat" not in doc:
-            TrainResult.from_dict(doc)
+        if isinstance(doc, dict) and {"config", "train_loss"} <= doc.keys():
             return
     except ValueError:               # not one JSON document (a store, notes, a checkpoint)
         pass
     raise ValueError(f"will not replace {path}: it is not a run's result (a notebook, a "
                      f"results store or another file); name another file")
-
-
-def package_version() -> Optional[str]:
-    """This package's installed version (None where it is not installed)."""
-    try:
-        return metadata.version("mgpu_lib")
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
 
 
 def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
@@ -412,10 +378,10 @@ def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: N
     net = prepare_model(make_model(config, device), switches)  # seeded: same weights
     model = nn.DataParallel(replicated(net, switches), device_ids=devices)
     optimizer = make_optimizer(model.parameters(), config.lr, len(train_iter))
-    result = TrainResult.create(config, describe_devices(devices), len(devices),
-                                data_source=getattr(train_iter, "source", "custom"),
-                                steps_per_epoch=len(train_iter),
-                                extra={"switches": switches.to_dict()})
+    result = TrainResult(config.to_dict(), describe_devices(devices), len(devices),
+                         data_source=getattr(train_iter, "source", "custom"),
+                         steps_per_epoch=len(train_iter),
+                         extra={"switches": switches.to_dict()})
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
     sample = fixed_sample(train_iter)
     epochs = range(config.num_epochs)

@@ -8,7 +8,8 @@ from torch import nn
 
 from mgpu_lib.book import cli
 from mgpu_lib.book.store import ResultsError
-from mgpu_lib.training import HEADER, LEGACY_SCHEMA, SCHEMA, TrainConfig, TrainResult
+from mgpu_lib.lab.files import HEADER, SCHEMA
+from mgpu_lib.training import TrainConfig, TrainResult
 
 
 def run_cli(capsys, *argv) -> tuple:
@@ -42,8 +43,8 @@ def make_result(epochs: int = 2, status: str = "ok", *, config: Optional[dict] =
                    train_acc=[acc] * done, epoch_seconds=[2.0] * done,
                    images_per_second=[100.0] * done, test_acc=[acc] * done)
     return TrainResult(**{**dict(config=config, hardware="CPU", num_devices=1,
-                                 data_source="synthetic", steps_per_epoch=4, status=status,
-                                 profile=config.get("profile")), **metrics, **fields})
+                                 data_source="synthetic", steps_per_epoch=4, status=status),
+                              **metrics, **fields})
 
 
 class FakeTrain:
@@ -91,7 +92,7 @@ def check_header(rec: dict, where: str) -> None:
     missing = [k for k in HEADER if k not in rec]
     if missing:
         raise ResultsError(f"{where}: no {', '.join(missing)} (a record from before the "
-                           f"header, schema {LEGACY_SCHEMA}?)")
+                           f"header, schema 1?)")
     # text, or None (unknown) for all but hardware
     bad = [k for k in ("mgpu_lib", "git", "torch", "profile", "hardware") if not (
         (isinstance(rec[k], str) and rec[k] != "") or (rec[k] is None and k != "hardware"))]

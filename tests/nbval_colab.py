@@ -36,9 +36,12 @@ def configure(config) -> None:
         return
     from nbval import plugin
     base = Path(tempfile.mkdtemp(prefix="mgpu-colab-"))
-    site = os.environ.get("MGPU_COLAB_SITE") or str(install_site(base / "site"))
-    os.environ["PYTHONPATH"] = site      # the kernels inherit it: the install, nothing else
     config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
+    site = os.environ.get("MGPU_COLAB_SITE") or str(install_site(base / "site"))
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ["MGPU_COLAB_SITE"] = site     # pytest-xdist's controller: its workers,
+        return                                   # started next, use this one install
+    os.environ["PYTHONPATH"] = site      # the kernels inherit it: the install, nothing else
     config.add_cleanup(patch_nbval(plugin, base, site))
 
 

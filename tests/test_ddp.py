@@ -280,8 +280,8 @@ def _saved_checkpoint(folder: Path, config: TrainConfig, epochs: int = 1,
     """A real snapshot of `config` after `epochs` epochs on `world` ranks."""
     net = make_model(config, "cpu")
     opt = torch.optim.SGD(net.parameters(), lr=config.lr)
-    result = TrainResult.create(config, "cpu", world, data_source="synthetic",
-                                steps_per_epoch=1)
+    result = TrainResult(config.to_dict(), "cpu", world, data_source="synthetic",
+                         steps_per_epoch=1)
     for key in ("test_acc", "train_loss", "train_acc", "epoch_seconds", "images_per_second"):
         setattr(result, key, [0.5] * epochs)
     return ddp.save_checkpoint(folder, net, opt, result)

@@ -77,7 +77,7 @@ def test_sweep_stores_a_diverged_ddp_point_and_goes_on(tmp_path):
     """Before: a diverged DDP point was a LaunchError (its ranks exited 3) that ended the sweep."""
     store = tmp_path / "s.jsonl"
     records = sweep.sweep(tiny(lr=50.0), {"nprocs": [2, 0]}, seeds=[0], store=store)
-    assert [(r.options["nprocs"], r.status) for r in records] == [(2, "diverged"),
+    assert [(r.extra["options"]["nprocs"], r.status) for r in records] == [(2, "diverged"),
                                                                   (0, "diverged")]
     assert records[0].num_devices == 2
     assert [r.status for r in sweep.load_store(store)] == ["diverged", "diverged"]

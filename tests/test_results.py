@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from importlib import metadata
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,7 @@ def nested_record(status="ok", epochs=2) -> dict:
     under "metrics", with options, and no header (schema 1)."""
     d = make_result(epochs, status).to_dict()
     metrics = {m: d.pop(m) for m in record.METRICS}
-    for k in record.HEADER[:4]:
-        d.pop(k)
-    return dict(d, metrics=metrics)
+    return dict(d, metrics=metrics, options={})
 
 
 # --- the header -------------------------------------------------------------------------------
@@ -75,18 +74,24 @@ def test_every_shipped_record_carries_the_header(path):
             assert rec["test_acc_recal"] or rec.get("status") == "diverged"
 
 
-def test_a_new_result_carries_the_whole_header_and_a_sweep_record_keeps_it():
+def test_a_stored_result_carries_the_one_header_and_reads_back_as_it_was(tmp_path):
+    """Issue 50: the core's TrainResult is the run (no header); the store adds the one header
+    (`lab.files.record_header`) as it writes, and leaves it in the store as it reads."""
     config = TrainConfig(profile="smoke", num_epochs=1)
-    result = TrainResult.create(config, hardware="CPU", num_devices=1, data_source="synthetic",
-                                steps_per_epoch=2)
-    d = result.to_dict()
-    check_header(d, "a new result")
-    assert d["torch"] == torch.__version__ and d["profile"] == "smoke"
-    assert d["mgpu_lib"] == metadata.version("mgpu_lib")
-    assert TrainResult.from_dict(json.loads(json.dumps(d))) == result
-    rec = as_point(result, config, {"warmup_epochs": 1.0}).to_dict()
-    check_header(rec, "its sweep record")
-    assert {k: rec[k] for k in record.HEADER} == {k: d[k] for k in record.HEADER}
+    result = TrainResult(config.to_dict(), hardware="CPU (AVX2), 2 threads", num_devices=1,
+                         data_source="synthetic", steps_per_epoch=2)
+    assert "schema" not in result.to_dict()
+    store = tmp_path / "s.jsonl"
+    for r in (result, as_point(result, config, {"warmup_epochs": 1.0})):
+        results.append(store, r.to_dict())
+    for d in results.read(store):
+        check_header(d, "a stored result")
+        assert d["torch"] == torch.__version__ and d["profile"] == "smoke"
+        assert d["mgpu_lib"] == metadata.version("mgpu_lib")
+        assert d["hardware"].startswith("CPU: ")           # the store names the CPU
+    back = [results.as_run(d, "back") for d in results.read(store)]
+    assert back[0] == replace(result, hardware=back[0].hardware)
+    assert back[1].extra["options"] == {"warmup_epochs": 1.0}
 
 
 def test_a_run_and_a_sweep_point_are_one_record_type(tmp_path):
@@ -96,13 +101,13 @@ def test_a_run_and_a_sweep_point_are_one_record_type(tmp_path):
     store = tmp_path / "s.jsonl"
     results.append(store, point.to_dict())
     (back,) = load_store(store)
-    assert type(back) is TrainResult and back == point and back.options == {"nprocs": 2}
-    assert back.metrics["test_acc"] == back.test_acc and back.get("nprocs") == 2
+    assert type(back) is TrainResult and back.extra["options"] == {"nprocs": 2}
+    assert back == replace(point, hardware=back.hardware)
+    assert back.metrics["test_acc"] == back.test_acc and results.value(back, "nprocs") == 2
     old = nested_record()
     store.write_text(json.dumps(old) + "\n", encoding="utf-8")
     (read_back,) = load_store(store)
-    assert read_back.test_acc == old["metrics"]["test_acc"] and read_back.options == {}
-    assert read_back.schema == record.LEGACY_SCHEMA and read_back.torch is None
+    assert read_back.test_acc == old["metrics"]["test_acc"] and "options" not in read_back.extra
 
 
 @pytest.mark.parametrize("name", ["ex1_cpu.jsonl", "accuracy_cpu.jsonl", "ex1_claims_cpu.jsonl"])
@@ -116,7 +121,8 @@ def test_the_shipped_sweeps_read_with_the_numbers_they_hold(name):
         stored = d.get("metrics") or {m: d[m] for m in record.METRICS}
         assert {m: getattr(r, m) for m in record.METRICS} == json.loads(
             json.dumps(stored)) or r.status == "diverged"     # NaN != NaN
-        assert (r.config, r.options, r.status) == (d["config"], d["options"], d["status"])
+        assert (r.config, r.extra.get("options", {}), r.status) == (d["config"], d["options"],
+                                                                    d["status"])
 
 
 def test_a_benchmark_carries_the_header(monkeypatch):
@@ -159,9 +165,9 @@ def test_dirty_means_the_code_that_ran_not_the_pages_being_rewritten(monkeypatch
     assert status[status.index("--") + 1:] == ("mgpu_lib", "tools")
 
 
-def test_old_records_read_as_schema_1_with_unknown_versions():
-    old = results.as_run(nested_record(), "old")
-    assert old.schema == record.LEGACY_SCHEMA and old.torch is None
+def test_old_records_read_without_a_header():
+    assert results.as_run(nested_record(), "old").test_acc == nested_record()["metrics"][
+        "test_acc"]
     with pytest.raises(ResultsError, match="no schema"):
         check_header(nested_record(), "old")
 

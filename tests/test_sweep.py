@@ -48,7 +48,7 @@ def test_resumed_sweep_skips_stored_points(tmp_path):
 
 def test_records_carry_config_seed_metrics_hardware_profile(tmp_path):
     (r,) = sweep(BASE, {"lr": [0.2]}, seeds=(3,), store=tmp_path / "s.jsonl", train_fn=FakeTrain())
-    assert r.seed == 3 and r.config["lr"] == 0.2 and r.profile == "test"
+    assert r.seed == 3 and r.config["lr"] == 0.2 and r.config["profile"] == "test"
     assert r.hardware == "fake" and r.status == "ok"
     assert r.metrics["test_acc"] == [0.73, 0.74] and len(r.metrics["epoch_seconds"]) == 2
     assert key_of(r) == point_key(BASE.replace(lr=0.2, seed=3), {})
@@ -93,7 +93,7 @@ def test_shorter_epochs_are_derived_from_the_longest_run(tmp_path):
     by_epochs = {r.config["num_epochs"]: r for r in recs}
     assert by_epochs[1].metrics["test_acc"] == [0.6]
     assert by_epochs[2].metrics["test_acc"] == [0.6, 0.61]
-    assert by_epochs[2].derived_from == key_of(by_epochs[3])
+    assert by_epochs[2].extra["derived_from"] == key_of(by_epochs[3])
     # a later sweep at 2 epochs and another lr reuses the stored 3-epoch run too
     sweep(BASE, {"lr": [0.1]}, seeds=(0,), store=tmp_path / "s.jsonl", train_fn=fake)
     assert len(fake.calls) == 1
@@ -134,7 +134,8 @@ def test_summarize_mean_and_sample_std(tmp_path):
 
 def test_summarize_counts_diverged_and_failed_runs_apart():
     from types import SimpleNamespace
-    recs = [SimpleNamespace(get=lambda k: 0.1, status=s, final_test_acc=0.6, sec_per_epoch=1.0)
+    recs = [SimpleNamespace(config={"lr": 0.1}, extra={}, status=s, final_test_acc=0.6,
+                            sec_per_epoch=1.0)
             for s in ("ok", "ok", "diverged", "failed")]
     (row,) = summarize(recs, "lr")
     assert (row["n"], row["ok"], row["diverged"]) == (4, 2, 1)

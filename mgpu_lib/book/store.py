@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from filelock import FileLock
 
 from ..ddp import write_atomic
-from ..lab.files import stamp, write_fully
+from ..lab.files import HEADER, stamp, write_fully
 from ..training import TrainResult, check_out
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records
@@ -78,12 +78,24 @@ def check_output(path) -> Path:
     return path
 
 
+SWEEP_KEYS = ("options", "derived_from")     # a sweep point's, in `extra` (older: top level)
+
+
 def as_run(d: dict, where: str) -> TrainResult:
-    """A record (a store's line, a result file) as a `TrainResult`, also in the nested form of
-    older stores (metrics under "metrics", schemas 1 and 2); else a one-line ValueError."""
+    """A record (a store's line, a result file) as a `TrainResult`: its header left in the store,
+    also from older stores (metrics under "metrics", a sweep point's options at the top); else
+    a one-line ValueError."""
     if isinstance(d.get("metrics"), dict):
         d = {**{k: v for k, v in d.items() if k != "metrics"}, **d["metrics"]}
-    return TrainResult.from_dict(d, where)
+    extra = {**{k: d[k] for k in SWEEP_KEYS if d.get(k)}, **(d.get("extra") or {})}
+    header = set(HEADER) - {"hardware", "config"}       # which a run holds too
+    run = {k: v for k, v in d.items() if k not in header and k not in SWEEP_KEYS}
+    return TrainResult.from_dict({**run, "extra": extra}, where)
+
+
+def value(r: TrainResult, name: str):
+    """A sweep point's option or its config's field, by name (what a sweep's table groups by)."""
+    return r.extra.get("options", {}).get(name, r.config.get(name))
 
 
 def save_result(result: TrainResult, path) -> None:
@@ -160,13 +172,13 @@ def summarize(records: Sequence, x: str) -> list[dict]:
     epoch over the finished seeds (`ok` of `n`), and how many diverged."""
     groups: dict = {}
     for r in records:
-        groups.setdefault(r.get(x), []).append(r)
+        groups.setdefault(value(r, x), []).append(r)
     rows = []
-    for value in sorted(groups):
-        ok = [r for r in groups[value] if r.status == "ok"]
+    for x_value in sorted(groups):
+        ok = [r for r in groups[x_value] if r.status == "ok"]
         acc_mean, acc_std, _ = mean_std_se([r.final_test_acc for r in ok])
         sec_mean, sec_std, _ = mean_std_se([r.sec_per_epoch for r in ok])
-        rows.append(dict(x=value, n=len(groups[value]), ok=len(ok),
-                         diverged=sum(r.status == "diverged" for r in groups[value]),
+        rows.append(dict(x=x_value, n=len(groups[x_value]), ok=len(ok),
+                         diverged=sum(r.status == "diverged" for r in groups[x_value]),
                          acc_mean=acc_mean, acc_std=acc_std, sec_mean=sec_mean, sec_std=sec_std))
     return rows

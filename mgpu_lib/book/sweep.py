@@ -64,13 +64,12 @@ def point_key(config, options: Optional[dict] = None) -> str:
 
 def key_of(record: TrainResult) -> str:
     """A record's point key: computed, never stored (it follows TrainConfig's defaults)."""
-    return point_key(record.config, record.options)
+    return point_key(record.config, record.extra.get("options"))
 
 
 def as_point(result: TrainResult, config: TrainConfig, options: dict) -> TrainResult:
-    """`result` as the sweep point (config, options), its profile the config's."""
-    return replace(result, config=config.to_dict(), options=dict(options),
-                   profile=config.profile, extra=dict(result.extra))
+    """`result` as the sweep point (config, options in `extra`)."""
+    return replace(result, config=config.to_dict(), extra={**result.extra, "options": options})
 
 
 def load_store(path) -> list[TrainResult]:
@@ -205,9 +204,9 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int =
         try:
             return launch(config, nprocs)
         except LaunchError as e:
-            return TrainResult.create(config, hardware=f"DDP, {nprocs} processes",
-                                      num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
-                                      status="failed", extra={"error": str(e)})
+            return TrainResult(config.to_dict(), hardware=f"DDP, {nprocs} processes",
+                               num_devices=nprocs, data_source="unknown", steps_per_epoch=0,
+                               status="failed", extra={"error": str(e)})
     data = None if config.fast else chapter_data(config)     # the chapter's loop: its loader
     if warmup_epochs:
         return train_warmup(config, warmup_epochs, data=data)
@@ -259,14 +258,15 @@ def _derive(records: Sequence[TrainResult], config: TrainConfig, options: dict
     k = config.num_epochs
     want = point_key({**config.to_dict(), "num_epochs": 0}, options)    # the length blanked
     for r in records:
-        if r.config["num_epochs"] <= k or r.derived_from is not None or \
-                point_key({**r.config, "num_epochs": 0}, r.options) != want or \
+        if r.config["num_epochs"] <= k or "derived_from" in r.extra or \
+                point_key({**r.config, "num_epochs": 0}, r.extra.get("options")) != want or \
                 (r.status == "ok" and len(r.test_acc) < k):
             continue
         diverged = r.status != "ok" and len(r.train_loss) <= k
         # keep the first k epochs; a later divergence did not happen yet
         cut = {} if diverged else {m: list(getattr(r, m))[:k] for m in METRICS + BN_METRICS}
-        return replace(as_point(r, config, options), **cut, derived_from=key_of(r),
+        point = as_point(r, config, options)
+        return replace(point, **cut, extra={**point.extra, "derived_from": key_of(r)},
                        status=r.status if diverged else "ok")
     return None
 

@@ -7,13 +7,23 @@ import os
 import platform
 import stat
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import cpuinfo
 import torch
 
-from ..training import SCHEMA, package_version
+SCHEMA = 2      # of the header below; a record without one is from before it (schema 1)
+HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
+
+
+def package_version() -> Optional[str]:
+    """This package's installed version (None where it is not installed)."""
+    try:
+        return metadata.version("mgpu_lib")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def write_fully(fd: int, data: bytes) -> None:
@@ -84,7 +94,7 @@ def with_cpu_name(hardware: str) -> str:
 
 
 def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dict:
-    """The header every record starts with (a run, a sweep point, a benchmark), so any record
+    """The one header every record carries (a run, a sweep point, a benchmark), so any record
     can say what produced it, the CPU by its name. None means unknown (a copy outside its git
     repository)."""
     # str(): torch.__version__ is a TorchVersion, which a checkpoint's pickle refuses to load
@@ -93,10 +103,10 @@ def record_header(*, hardware: str, profile: Optional[str], config: dict) -> dic
 
 
 def stamp(record: dict) -> dict:
-    """`record` with this clone's git revision, if it was made by this package (its `mgpu_lib`
-    known) and carries none: the core's records leave provenance to the code that stores them.
-    A migrated record (`mgpu_lib` unknown) keeps what it had."""
-    if record.get("git") is None and record.get("mgpu_lib") is not None:
-        return {**record, "git": code_version()["git"],
-                "hardware": with_cpu_name(record.get("hardware", ""))}
-    return record
+    """`record` as the store keeps it: a run's result (the core's `TrainResult`, no header) gets
+    the header (`record_header`) of the code that stores it; a record with one keeps it."""
+    if "schema" in record or "train_loss" not in record:
+        return record
+    return {**record, **record_header(hardware=record["hardware"],
+                                      profile=record["config"].get("profile"),
+                                      config=record["config"])}
