@@ -306,28 +306,7 @@ def test_ctrl_c_says_what_happened(monkeypatch, capsys, tmp_path, command):
                                        "stopped, no result written for the run in progress\n")
 
 
-# ---- a checkpoint or trace never replaces what is not a file ------------------------------------
-
-def _not_files(folder: Path) -> dict:
-    """A FIFO, a link to a device (a device without root), a folder and a link to nothing, each
-    planted at `folder/<kind>/last.pt`."""
-    made = {}
-    for kind in ("fifo", "device", "folder", "dangling"):
-        path = folder / kind / ddp.CKPT_NAME
-        path.parent.mkdir(parents=True)
-        if kind == "fifo":
-            if not hasattr(os, "mkfifo"):
-                continue
-            os.mkfifo(path)
-        elif kind == "device":
-            path.symlink_to(os.devnull)
-        elif kind == "folder":
-            path.mkdir()
-        else:
-            path.symlink_to(folder / "nowhere" / ddp.CKPT_NAME)
-        made[kind] = path
-    return made
-
+# ---- a checkpoint through a link -------------------------------------------------------------
 
 def test_a_checkpoint_through_a_link_is_saved_where_the_link_points(tmp_path):
     """Before: a link to a checkpoint was replaced by a file and its target left stale."""
@@ -339,25 +318,6 @@ def test_a_checkpoint_through_a_link_is_saved_where_the_link_points(tmp_path):
     _checkpoint(link.parent, config, 2)
     assert link.is_symlink() and torch.load(real, weights_only=True)["epoch"] == 2
     assert os.listdir(real.parent) == [ddp.CKPT_NAME] and os.listdir(link.parent) == [link.name]
-
-
-def test_a_trace_never_replaces_what_is_not_a_file(tmp_path, monkeypatch):
-    """Before: `trace --out DIR` where DIR/one_bucket/rank0.json was a device replaced it."""
-    from mgpu_lib.lab import trace
-
-    def started(*args, **kw):
-        raise AssertionError("a traced job was started")
-    monkeypatch.setattr(trace, "run_ranks", started)
-    config = tiny()
-    variant = trace._folder(trace.default_variants(config.width)[1])
-    for kind, planted in _not_files(tmp_path / "planted").items():
-        out = tmp_path / kind
-        path = out / variant / "rank1.json"
-        path.parent.mkdir(parents=True)
-        os.replace(planted, path)
-        with pytest.raises(ValueError, match="a trace would replace it") as e:
-            trace.trace_ddp(config, 2, out=out)
-        assert "\n" not in str(e.value) and os.path.lexists(path) and not path.is_file()
 
 
 # ---- issue 52: the DDP program run directly, as page 05 teaches it --------------------------

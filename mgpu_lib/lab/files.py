@@ -1,11 +1,10 @@
-"""Files and provenance for the book's records: what a path is when it is no file, and the
-header that says what produced a record (package version and git revision)."""
+"""Provenance for the book's records: the one header that says what produced a record
+(package version, git revision, torch, the CPU by its name)."""
 from __future__ import annotations
 
 import functools
 import os
 import platform
-import stat
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -31,23 +30,6 @@ def write_fully(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file's `st_mode` says it is, in words: "a FIFO", "a folder"..."""
-    return ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a FIFO" if stat.S_ISFIFO(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def not_a_file(path) -> Optional[str]:
-    """What is at `path` if it is there but is not a regular file or a link to one, else None.
-    `ddp.write_atomic` would replace it, so outputs are checked with this before any work
-    starts."""
-    path = Path(path)
-    if not os.path.lexists(path) or path.is_file():
-        return None
-    return file_kind(path.stat().st_mode) if path.exists() else "a link to nothing"
 
 
 def _git(*args: str, cwd: Path) -> Optional[str]:

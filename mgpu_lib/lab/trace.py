@@ -32,7 +32,6 @@ from ..devices import DeviceError, describe_devices, num_gpus
 from ..model import num_params, resnet18
 from ..training import TrainConfig, make_model
 from .events import TraceRun, overlap_rows, read_trace, save_events
-from .files import not_a_file
 from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
@@ -163,10 +162,6 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
     variants = list(variants or default_variants(config.width))
     out, start = Path(out), time.perf_counter()
     ranks = [(v, r) for v in variants for r in range(nprocs)]
-    for path in [_trace_file(out, v, r) for v, r in ranks] + [out / "events.json"]:
-        if what := not_a_file(path):     # a user's FIFO or device is never replaced by a trace
-            raise ValueError(f"{path} is {what}; a trace would replace it: name another --out "
-                             f"folder")
     with job_folder("mgpu-trace-") as tmp:
         spec = tmp / "trace.json"
         spec.write_text(json.dumps(dict(config=config.to_dict(), backend=backend,
