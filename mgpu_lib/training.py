@@ -117,7 +117,7 @@ def check_out(path) -> None:
     any other file is a one-line ValueError, and stays as it was."""
     path = Path(path)
     if not path.is_file() or not path.read_bytes().strip():
-        return                       # new, empty, or a FIFO or device written into
+        return                       # new or empty
     try:
         doc = json.loads(path.read_bytes())
         if isinstance(doc, dict) and {"config", "train_loss"} <= doc.keys():
