@@ -433,7 +433,7 @@ from dataclasses import replace
 from torch import nn
 from mgpu_lib.config import TrainConfig, resolve_switches
 from mgpu_lib.training import make_model, make_step, replicated
-config = TrainConfig(width=4, batch_size=8, compile="graphs")
+config = TrainConfig(width=16, batch_size=8, compile="graphs")   # 16: see channels_last_safe
 switches = resolve_switches(config, "cpu")
 torch.manual_seed(0)
 x, y = torch.rand(8, 1, 28, 28), torch.randint(0, 10, (8,))
