@@ -34,5 +34,5 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST)}
-    where = {id(item): item.path.relative_to(config.rootpath).as_posix() for item in items}
-    items.sort(key=lambda item: rank.get(where[id(item)], len(SLOWEST)))    # stable: in order
+    items.sort(key=lambda item: rank.get(item.path.relative_to(config.rootpath).as_posix(),
+                                         len(SLOWEST)))     # stable: the rest in their order
