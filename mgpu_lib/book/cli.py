@@ -237,13 +237,12 @@ def check_trace_folder(out) -> None:
     """`trace --out` writes into a new or empty folder, or one that holds this command's own
     earlier traces (an `events.json` of a trace run, the variants' rank*.json), never another
     folder's files (issue 52: it had replaced a user's events.json without a word)."""
-    files = [f for f in Path(out).rglob("*") if f.is_file()]
-    try:
+    files, ours = [f for f in Path(out).rglob("*") if f.is_file()], False
+    with suppress(OSError, ValueError):         # no events.json, or not one of a trace run
         ours = not files or {"hardware", "nprocs", "ranks"} <= set(
             json.loads((Path(out) / "events.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        ours = False
-    if not ours or any(f.name != "events.json" and not f.match("*/rank*.json") for f in files):
+    if not ours or any(f.name != "events.json" and not (f.parent.parent == Path(out) and
+                                                          f.match("rank*.json")) for f in files):
         raise ValueError(f"--out {out} holds files that are not this command's traces; name a "
                          f"new folder (or one with earlier traces alone)")
 
