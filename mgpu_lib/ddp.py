@@ -33,7 +33,7 @@ from .data import DataError, DeviceLoader, load_subsets
 from .devices import DeviceError, describe_devices, num_gpus
 from .config import prepare_model, resolve_switches
 from .training import (BN_METRICS, METRICS, PARTIAL, TrainConfig, TrainResult, backends,
-                       check_out, counted, evaluate, fit, fixed_sample, make_model,
+                       check_out, counted, evaluate, fit, make_model,
                        make_step, progress_bar, sgd)
 
 CKPT_NAME = "last.pt"
@@ -193,10 +193,11 @@ def load_shards(config: TrainConfig, device, rank: int, world: int):
 
 
 def train(config: TrainConfig, device, checkpoint=None, resume=False, progress=False,
-          make_optimizer: Callable = sgd) -> TrainResult:
+          make_optimizer: Callable = sgd, readings=None) -> TrainResult:
     """Train `config` as one rank of the group `setup` joined; rank 0's result holds
     the test accuracies. Rank 0 saves a checkpoint into the folder `checkpoint` after
-    every epoch; `resume` continues from it; `progress`: a bar on rank 0."""
+    every epoch; `resume` continues from it; `progress`: a bar on rank 0; `readings`: as
+    `training.train`'s."""
     rank, world = dist.get_rank(), dist.get_world_size()
     switches = resolve_switches(config, device)
     train_iter, test_iter = load_shards(config, device, rank, world)
@@ -210,14 +211,13 @@ def train(config: TrainConfig, device, checkpoint=None, resume=False, progress=F
     start = restore(checkpoint, config, world, net, optimizer, result) if resume else 0
     on_epoch = functools.partial(save_and_print, checkpoint, net, optimizer)
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
-    sample = fixed_sample(train_iter)
     epochs = range(start, config.num_epochs)
     bar = progress_bar(len(train_iter) * len(epochs), progress)
     step = counted(step, bar)      # each step advances the bar
     with backends(switches), bar:
         for r in fit(step, train_iter, result, epochs, [device], dist.all_reduce):
             if rank == 0:  # rank 0 alone evaluates, saves and prints
-                evaluate(r, net, test_iter, sample, switches, then=on_epoch)
+                evaluate(r, net, (train_iter, test_iter), switches, on_epoch, readings)
     return result
 
 
@@ -225,19 +225,15 @@ def save_and_print(checkpoint, net, optimizer, r: TrainResult) -> None:
     """Rank 0's end of an epoch: the checkpoint (if asked for), then the epoch's line."""
     if checkpoint:
         save_checkpoint(checkpoint, net, optimizer, r)
-    print(LOG + epoch_line(r), flush=True)
+    print(f"{LOG}epoch {len(r.train_loss)}/{r.config['num_epochs']}: loss "
+          f"{r.train_loss[-1]:.3f}, train acc {r.train_acc[-1]:.3f}, test acc "
+          f"{r.test_acc[-1]:.3f}, {r.epoch_seconds[-1]:.2f} s", flush=True)
 
 
 def describe_job(device) -> str:
     world, backend = dist.get_world_size(), dist.get_backend()
     return (f"DDP, {world} {backend} process{'es' if world > 1 else ''}, each on "
             f"{describe_devices([device])}")
-
-
-def epoch_line(r: TrainResult) -> str:
-    return (f"epoch {len(r.train_loss)}/{r.config['num_epochs']}: loss {r.train_loss[-1]:.3f}, "
-            f"train acc {r.train_acc[-1]:.3f}, test acc {r.test_acc[-1]:.3f}, "
-            f"{r.epoch_seconds[-1]:.2f} s")
 
 
 @record     # an exception goes to this rank's error file (TORCHELASTIC_ERROR_FILE)

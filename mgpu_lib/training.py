@@ -10,11 +10,10 @@ timer reading. `TrainConfig(fast=False)` runs the chapter's loop (fp32, NCHW, da
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -173,40 +172,6 @@ def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches]
     return correct.item() / max(total, 1)
 
 
-def fixed_sample(train_iter, n: int = 2000) -> list:
-    """Up to `n` training images spread over the set, in batches (its shuffle untouched)."""
-    data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
-    idx = torch.arange(0, len(data.labels), max(1, len(data.labels) // n))[:n]
-    x, y = data.images[idx].unsqueeze(1).float().div(255), data.labels[idx].to(torch.int64)
-    b = train_iter.batch_size
-    return [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
-
-
-def _correct(net: nn.Module, batches, device) -> float:
-    """Accuracy over `batches` in whatever mode `net` is in (no gradients)."""
-    correct = total = 0
-    with torch.no_grad():
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            correct += int((net(x).argmax(dim=1) == y).sum())
-            total += y.numel()
-    return correct / max(total, 1)
-
-
-def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
-    """BatchNorm's running statistics checked on a copy (they lag the weights when steps are few
-    and large): `test_acc_batch` normalizes each test batch by its own statistics;
-    `test_acc_recal` and `train_acc_recal` (on `sample`) recompute them over `sample`."""
-    net = copy.deepcopy(getattr(model, "module", model))
-    device = next(net.parameters()).device
-    net.train()
-    batch = _correct(net, test_iter, device)
-    torch.optim.swa_utils.update_bn(sample, net, device=device)
-    net.eval()
-    return {"test_acc_batch": batch, "test_acc_recal": _correct(net, test_iter, device),
-            "train_acc_recal": _correct(net, sample, device)}
-
-
 def make_model(config: TrainConfig, device) -> nn.Module:
     """A fresh, initialized model on `device`; the seed fixes the initial weights."""
     torch.manual_seed(config.seed)
@@ -308,24 +273,16 @@ def replicated(net: nn.Module, switches: Switches) -> nn.Module:
 
 
 class _Stderr:
-    """The bar's stream: a failed write (a full disk, a closed pipe) turns the bar off, never
-    the run (issue 52: `2> /dev/full` had cost the result)."""
-
-    def __init__(self):
-        self.ok = True
+    """The bar's stream: a failed write (a full disk, a closed pipe) is dropped, never the
+    run's end (issue 52: `2> /dev/full` had cost the result)."""
 
     def write(self, text: str) -> None:
-        self._try(sys.stderr.write, text)
+        with suppress(OSError, ValueError):
+            sys.stderr.write(text)
 
     def flush(self) -> None:
-        self._try(sys.stderr.flush)
-
-    def _try(self, call, *args) -> None:
-        try:
-            if self.ok:
-                call(*args)
-        except (OSError, ValueError):
-            self.ok = False
+        with suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 def progress_bar(steps: int, show: bool = True):
@@ -342,20 +299,21 @@ def counted(step: Callable, bar) -> Callable:
     return run
 
 
-def evaluate(r: TrainResult, net: nn.Module, test_iter, sample: list, switches,
-             then: Callable = lambda r: None) -> None:
-    """Append the epoch's test accuracy (eval mode) and BatchNorm's readings to `r`, then call
-    `then(r)` (a live plot, a checkpoint). An evaluation that fails (out of memory) ends the
-    run as "failed" with its cause in `r.extra["error"]`; its trained epochs are kept."""
+def evaluate(r: TrainResult, net: nn.Module, data, switches, then: Callable = lambda r: None,
+             readings: Optional[Callable] = None) -> None:
+    """Append the epoch's test accuracy (eval mode) to `r`, and what `readings(net, train_iter,
+    test_iter)` returns (BatchNorm's: `lab.drop.bn_readings`) to its lists, then call `then(r)`
+    (a live plot, a checkpoint). An evaluation that fails (out of memory) ends the run as
+    "failed" with its cause in `r.extra["error"]`; its trained epochs are kept."""
     try:
-        acc = evaluate_accuracy(net, test_iter, switches=switches)
-        readings = bn_accuracies(net, test_iter, sample)        # on a copy of net
+        acc = evaluate_accuracy(net, data[1], switches=switches)
+        more = readings(net, *data) if readings else {}
     except (RuntimeError, MemoryError) as e:
         r.status = "failed"
         r.extra["error"] = f"evaluation failed: {type(e).__name__}: {str(e).splitlines()[0]}"
         return
     r.test_acc.append(acc)
-    for key, value in readings.items():
+    for key, value in more.items():
         getattr(r, key).append(value)
     then(r)
 
@@ -366,11 +324,12 @@ def sgd(parameters, lr: float, steps_per_epoch: int) -> torch.optim.Optimizer:
 
 
 def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: None,
-          make_optimizer: Callable = sgd) -> TrainResult:
+          make_optimizer: Callable = sgd, readings=None) -> TrainResult:
     """Train a fresh ResNet-18 with `nn.DataParallel` over `config.devices` devices;
     returns a `TrainResult` (`.summary()` is the chapter's line). `data`: `(train_iter,
     test_iter)` (default: loaded from `config`); `on_epoch(result)` after each epoch (a
-    live plot); `make_optimizer(parameters, lr, steps_per_epoch)`: default `sgd`."""
+    live plot); `make_optimizer(parameters, lr, steps_per_epoch)`: default `sgd`;
+    `readings`: more per-epoch readings (see `evaluate`)."""
     devices = resolve_devices(config.devices)
     device = devices[0]                  # where DataParallel scatters and gathers
     switches = resolve_switches(config, device)
@@ -383,11 +342,10 @@ def train(config: TrainConfig, *, data=None, progress=True, on_epoch=lambda r: N
                          steps_per_epoch=len(train_iter),
                          extra={"switches": switches.to_dict()})
     step = make_step(model, optimizer, nn.CrossEntropyLoss(), device, switches)
-    sample = fixed_sample(train_iter)
     epochs = range(config.num_epochs)
     bar = progress_bar(len(train_iter) * len(epochs), progress)
     step = counted(step, bar)      # each step advances the bar
     with backends(switches), bar:
         for r in fit(step, train_iter, result, epochs, devices):
-            evaluate(r, net, test_iter, sample, switches, then=on_epoch)
+            evaluate(r, net, (train_iter, test_iter), switches, on_epoch, readings)
     return result

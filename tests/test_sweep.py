@@ -141,6 +141,17 @@ def test_summarize_counts_diverged_and_failed_runs_apart():
     assert (row["n"], row["ok"], row["diverged"]) == (4, 2, 1)
 
 
+def test_a_sweep_point_records_batchnorm_readings_each_epoch_and_train_alone_does_not():
+    """Issue 50: BatchNorm's readings left the core; a sweep (the records' one path) asks for
+    them with `readings=lab.drop.bn_readings`, a plain `train` skips their three passes."""
+    from mgpu_lib.book.sweep import default_train
+    r = default_train(BASE.replace(num_epochs=2))
+    assert len(r.test_acc) == len(r.test_acc_recal) == len(r.test_acc_batch) == 2
+    assert all(0 <= a <= 1 for a in r.train_acc_recal) and len(r.train_acc_recal) == 2
+    plain = train(BASE.replace(num_epochs=1), progress=False)
+    assert len(plain.test_acc) == 1 and plain.test_acc_recal == []
+
+
 def test_linear_scaling_and_warmup_arithmetic():
     assert linear_scaled_lr(0.1, 128, 512) == 0.4        # exactly: it is part of a sweep key
     assert [warmup_lr(s, 0.4, 4) for s in range(6)] == pytest.approx(

@@ -34,6 +34,7 @@ from ..ddp import choose_backend, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
 from ..lab.d2l import chapter_data
+from ..lab.drop import bn_readings
 from ..lab.launcher import LaunchError, check_nprocs, launch
 from ..perf.runtime import Job
 from ..training import BN_METRICS, METRICS, TrainConfig, TrainResult, train
@@ -210,7 +211,7 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int =
     data = None if config.fast else chapter_data(config)     # the chapter's loop: its loader
     if warmup_epochs:
         return train_warmup(config, warmup_epochs, data=data)
-    return train(config, data=data, progress=False)
+    return train(config, data=data, progress=False, readings=bn_readings)
 
 
 def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,
@@ -301,7 +302,7 @@ def warmup_sgd(params, lr: float, warmup_steps: int) -> torch.optim.SGD:
 
 def train_warmup(config: TrainConfig, warmup_epochs: float, *, data=None) -> TrainResult:
     """`train` with SGD's lr warmed up linearly over the first `warmup_epochs` epochs."""
-    result = train(config, data=data, progress=False,
+    result = train(config, data=data, progress=False, readings=bn_readings,
                    make_optimizer=lambda params, lr, steps_per_epoch: warmup_sgd(
                        params, lr, warmup_steps=round(warmup_epochs * steps_per_epoch)))
     result.extra["warmup_epochs"] = warmup_epochs

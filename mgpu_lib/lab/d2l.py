@@ -88,7 +88,7 @@ def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
     """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the step
     factored out, the data and the devices passed in): the test accuracy and seconds of every
     epoch (`time.perf_counter` for `d2l.Timer`: no synchronize). `check_bn(net) -> dict`, if
-    given, adds its readings to each epoch's (`training.bn_accuracies`)."""
+    given, adds its readings to each epoch's (`lab.drop.bn_accuracies`)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)

@@ -17,11 +17,12 @@ Each run uses the chapter's own code (`d2l.train`):
 
 `reused` against `fresh` is the carried-over state; `fresh` against `fresh_small` is doubling
 the batch and the learning rate; `first` against `fresh_small` is the partial init. The last
-epoch also records BatchNorm's readings (`training.bn_accuracies`). On a CPU, DataParallel is a
+epoch also records BatchNorm's readings (`bn_accuracies`). On a CPU, DataParallel is a
 pass-through: BatchNorm sees the whole batch of 2B where two GPUs would each normalize B.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional
 
 import torch
@@ -30,12 +31,51 @@ from torch import nn
 from .d2l import lazy_resnet18, train
 from ..data import load_fashion_mnist
 from ..devices import describe_devices
-from ..training import bn_accuracies, fixed_sample
 from .files import record_header
 
 CONDITIONS = ("first", "reused", "fresh", "fresh_small")
 EXTRA = ("first_large",)
 KIND = "drop"       # a store of these holds nothing else (`book.store.record_kind`)
+
+
+def fixed_sample(train_iter, n: int = 2000) -> list:
+    """Up to `n` training images spread over the set, in batches (its shuffle untouched)."""
+    data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
+    idx = torch.arange(0, len(data.labels), max(1, len(data.labels) // n))[:n]
+    x, y = data.images[idx].unsqueeze(1).float().div(255), data.labels[idx].to(torch.int64)
+    b = train_iter.batch_size
+    return [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
+
+
+def _correct(net: nn.Module, batches, device) -> float:
+    """Accuracy over `batches` in whatever mode `net` is in (no gradients)."""
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            correct += int((net(x).argmax(dim=1) == y).sum())
+            total += y.numel()
+    return correct / max(total, 1)
+
+
+def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
+    """BatchNorm's running statistics checked on a copy (they lag the weights when steps are few
+    and large): `test_acc_batch` normalizes each test batch by its own statistics;
+    `test_acc_recal` and `train_acc_recal` (on `sample`) recompute them over `sample`."""
+    net = copy.deepcopy(getattr(model, "module", model))
+    device = next(net.parameters()).device
+    net.train()
+    batch = _correct(net, test_iter, device)
+    torch.optim.swa_utils.update_bn(sample, net, device=device)
+    net.eval()
+    return {"test_acc_batch": batch, "test_acc_recal": _correct(net, test_iter, device),
+            "train_acc_recal": _correct(net, sample, device)}
+
+
+def bn_readings(net: nn.Module, train_iter, test_iter) -> dict:
+    """`training.train(config, readings=bn_readings)`: each epoch's `bn_accuracies` over a
+    fixed sample of the training set."""
+    return bn_accuracies(net, test_iter, fixed_sample(train_iter))
 
 
 def reset_like_mxnet(net: nn.Module) -> nn.Module:
