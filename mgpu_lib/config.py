@@ -77,18 +77,15 @@ class TrainConfig:
     def __post_init__(self):
         """Each setting's range, checked where a run's settings enter: a one-line ValueError
         naming the first setting out of its range."""
-        counts = dict(batch_size=1, num_epochs=1, width=1, devices=1, train_limit=1,
-                      test_limit=1, eval_batch_size=1, seed=0)
-        for name, low in counts.items():
-            value = getattr(self, name)
-            if not (value is None and name in OPTIONAL or _int(value) and low <= value
-                    <= SEED_MAX):
-                raise ValueError(f"{name} must be an integer from {low} to 2**63 - 1, got "
-                                 f"{value!r}")
+        lows = dict(batch_size=1, num_epochs=1, width=1, devices=1, train_limit=1, test_limit=1,
+                    eval_batch_size=1, seed=0)
+        problems = [(n, f"an integer from {low} to 2**63 - 1", v is None and n in OPTIONAL
+                     or _int(v) and low <= v <= SEED_MAX)
+                    for n, low in lows.items() for v in [getattr(self, n)]]
         switches = ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark")
-        problems = [("lr", "a positive number", is_number(self.lr) and self.lr > 0),
-                    ("data_source", f"one of {', '.join(SOURCES)}", self.data_source in SOURCES),
-                    ("profile", "a name", isinstance(self.profile, str))]
+        problems += [("lr", "a positive number", is_number(self.lr) and self.lr > 0),
+                     ("data_source", f"one of {', '.join(SOURCES)}", self.data_source in SOURCES),
+                     ("profile", "a name", isinstance(self.profile, str))]
         problems += [(n, "true or false", isinstance(getattr(self, n), bool))
                      for n in ("allow_synthetic", "fast", "norm_fp32")]
         problems += [(n, "true, false or 'auto'", getattr(self, n) in (True, False, AUTO)

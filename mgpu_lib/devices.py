@@ -45,12 +45,10 @@ def try_all_gpus() -> list[torch.device]:
 
 def resolve_devices(n: Optional[int] = None) -> list[torch.device]:
     """The first `n` accelerators (`None`: all of them; the CPU where there is none); a
-    `DeviceError` if `n` is below 1 or more GPUs are asked for than exist."""
+    `DeviceError` if more are asked for than exist (`TrainConfig` checks that `n` >= 1)."""
     available = try_all_gpus()
     if n is None:
         return available
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise DeviceError(f"number of devices must be a positive integer, got {n!r}")
     if n > len(available):
         raise DeviceError(
             f"{n} devices requested but this machine has {_describe_available()}; "

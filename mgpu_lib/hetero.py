@@ -52,18 +52,12 @@ class HeteroDataParallel:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     def train(self, mode: bool = True) -> "HeteroDataParallel":
         for r in self.replicas:
             r.train(mode)
         return self
-
-    def eval(self) -> "HeteroDataParallel":
-        return self.train(False)
 
     def step(self, x, y, optimizer, loss_fn, sizes: Optional[Sequence[int]] = None):
         """One training step on the batch `(x, y)`; returns (sum of losses, correct) tensors."""

@@ -33,12 +33,6 @@ def test_too_many_gpus_names_what_exists(monkeypatch):
         resolve_devices(16)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_bad_device_counts(bad):
-    with pytest.raises(DeviceError):
-        resolve_devices(bad)
-
-
 def test_describe_cpu():
     text = describe_devices([torch.device("cpu")])
     assert text.startswith("CPU (") and "threads" in text
