@@ -23,7 +23,7 @@ from .devices import autocast_dtype, measured_precision
 AUTO = "auto"
 GRAPHS = "graphs"      # compile="graphs": torch.compile's reduce-overhead mode (CUDA graphs)
 SEED_MAX = 2 ** 63 - 1          # torch.manual_seed takes up to 2**64 - 1; keep it signed-safe
-OPTIONAL = ("devices", "train_limit", "test_limit", "eval_batch_size")
+OPTIONAL = ("devices", "train_limit", "test_limit")
 
 
 def _int(v) -> bool:
@@ -71,14 +71,12 @@ class TrainConfig:
     cudnn_benchmark: Union[bool, str] = setting("auto", "cudnn.benchmark")
     compile: Union[bool, str] = setting("auto", "torch.compile (auto: off; compiling dominates); "
                                                "graphs: with CUDA graphs (reduce-overhead)")
-    eval_batch_size: Optional[int] = setting(   # not a flag: bounded by the batch's
-        None, "evaluation batch (default: 1024, at least the batch, when fast)", cli=False)
 
     def __post_init__(self):
         """Each setting's range, checked where a run's settings enter: a one-line ValueError
         naming the first setting out of its range."""
         lows = dict(batch_size=1, num_epochs=1, width=1, devices=1, train_limit=1, test_limit=1,
-                    eval_batch_size=1, seed=0)
+                    seed=0)
         problems = [(n, f"an integer from {low} to 2**63 - 1", v is None and n in OPTIONAL
                      or _int(v) and low <= v <= SEED_MAX)
                     for n, low in lows.items() for v in [getattr(self, n)]]
@@ -191,4 +189,4 @@ def resolve_switches(config, device) -> Switches:
                     tf32=autocast_dtype(device) == "bf16",        # CUDA from 8.0
                     cudnn_benchmark=pick(config.cudnn_benchmark, cuda),
                     compile=False if config.compile == AUTO else config.compile,
-                    eval_batch_size=config.eval_batch_size or max(EVAL_BATCH, config.batch_size))
+                    eval_batch_size=max(EVAL_BATCH, config.batch_size))

@@ -92,7 +92,6 @@ def test_reference_config_turns_every_switch_off():
 
 
 @pytest.mark.parametrize("bad", [dict(bf16="yes"), dict(channels_last=1), dict(fast="auto"),
-                                 dict(eval_batch_size=0),
                                  dict(norm_fp32="auto")])
 def test_config_rejects_bad_switches(bad):
     with pytest.raises(ValueError):

@@ -58,7 +58,7 @@ def test_result_roundtrip(tmp_path):
                                  dict(num_epochs=0), dict(devices=0), dict(width=0),
                                  dict(data_source="web"), dict(train_limit=-5),
                                  dict(seed=2 ** 64), dict(seed=-1),
-                                 dict(bf16="yes"), dict(fast=1), dict(eval_batch_size=0)])
+                                 dict(bf16="yes"), dict(fast=1)])
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
