@@ -14,7 +14,7 @@ from mgpu_lib.lab.hetero_bench import measure_throughput
 from mgpu_lib.lab.hetero_bench import measure_sync, split_curve
 from mgpu_lib.model import init_weights, resnet18
 from mgpu_lib.lab.pipeline import augment_batch, data_loader, prefetch
-from mgpu_lib.perf.split_time import best_split, predict_hetero_step, shard_grid, worth_it
+from mgpu_lib.perf.split_time import best_split, predict_hetero_step, shard_grid
 from mgpu_lib.split import split_sizes
 
 from helpers import batch, bn_free_model
@@ -97,19 +97,16 @@ def test_predict_hetero_step_by_hand():
     assert predict_hetero_step([300, 0], [100, 28], 0.0) == math.inf
 
 
-def test_best_split_and_worth_it_by_hand():
+def test_best_split_by_hand():
     # GPU 100x the CPU: the CPU's ideal share is 1/101 of 256 = 2.5 samples.
     plan = best_split(256, [1000, 10], sync_s=0.01)
     assert plan.sizes == (254, 2)                      # largest remainder would give (253, 3)
     assert plan.step_s == pytest.approx(0.254 + 0.01)
     assert plan.alone_s == pytest.approx(0.256)
-    assert plan.alone_s - (plan.step_s - plan.sync_s) == pytest.approx(0.002)  # saves 2 ms
-    assert plan.sync_s == 0.01                                                # pays 10
-    assert best_split(10, [1000, 10], 0.01).sync_s == 0.0     # CPU earns nothing: no sync
-    assert not plan.worth_it and worth_it(256, [1000, 10], 0.01) == (False, plan.speedup)
+    assert plan.speedup < 1                  # saves 2 ms of compute, pays 10 ms of sync
+    assert best_split(10, [1000, 10], 0.01).step_s == 10 / 1000    # CPU earns nothing: no sync
     # Two comparable devices: 96 + 32 finish together in 0.32 s, against 128/300 = 0.427 s.
-    ok, speedup = worth_it(128, [300, 100], 0.01)
-    assert ok and speedup == pytest.approx((128 / 300) / 0.33)
+    assert best_split(128, [300, 100], 0.01).speedup == pytest.approx((128 / 300) / 0.33)
 
 
 def test_shard_grid_spans_the_ideal():

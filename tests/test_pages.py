@@ -19,11 +19,6 @@ def test_every_notebook_is_a_page_and_every_page_a_notebook():
     assert stems == set(PAGES)
 
 
-def test_an_unknown_page_is_refused_with_the_list():
-    with pytest.raises(ValueError, match="unknown page '07_x'.*01_network"):
-        page_jobs("07_x", CPU)
-
-
 @pytest.mark.parametrize("page", PAGES)
 def test_on_a_t4_every_page_is_trimmed_to_fit_the_budget(page, monkeypatch):
     monkeypatch.delenv("MGPU_PAGE_BUDGET_MIN", raising=False)

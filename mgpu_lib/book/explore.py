@@ -344,15 +344,14 @@ def gpus_explorer(gpu: str = "K80 (one GK210 die)", n: int = GPUS_DEFAULT_N,
     return Explorer(c, panel, _view("gpus", GPUS_TITLE, controls, panel.value, gpu_grid()))
 
 
-def split_explorer(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], float],
-                   gpu: str = "V100 SXM2", batch: int = 256,
-                   slow: Optional[str] = None) -> Explorer:
-    """Exercise 2's explorer; each change calls `split_values` (`split_sizes`, the step time
-    `predict_hetero_step` gives at each share, the GPU's band). `cpus`: name -> images/s;
-    `pcie_sync(spec)`: the sync's seconds over the GPU's PCIe link."""
+def split_explorer(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], float]) -> Explorer:
+    """Exercise 2's explorer, opening on a V100 and the first of `cpus`; each change calls
+    `split_values` (`split_sizes`, the step time `predict_hetero_step` gives at each share, the
+    GPU's band). `cpus`: name -> images/s; `pcie_sync(spec)`: the sync's seconds over the GPU's
+    PCIe link."""
     import ipywidgets as w
     slows = [*cpus, *(f"a device {k} times slower" for k in SLOWER)]
-    slow, sync = slow or slows[0], SYNC_CHOICES[0]
+    gpu, batch, slow, sync = "V100 SXM2", 256, slows[0], SYNC_CHOICES[0]
     values = split_values(gpu, slow, batch, sync, cpus, pcie_sync)
     shares = [p["share"] for p in values["points"]]
     c = dict(gpu=w.Dropdown(options=SPLIT_GPUS, value=gpu, description="GPU"),

@@ -19,7 +19,7 @@ import torch
 from ..devices import num_gpus
 from .profiles import Profile, active_profile, banner, get_profile
 from .store import check_writable, read, recorded
-from ..perf.runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds, recorded_cpus
+from ..perf.runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds
 from ..perf.scaling import spec_for_name
 from .style import book_style
 from ..training import TrainConfig
@@ -60,12 +60,13 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
         spec = spec_for_name(gpu_name)
         if spec is None:
             return None
-        return (*gpu_band(jobs, spec), spec.name) if jobs else (0.0, 0.0, spec.name)
+        return (*gpu_band(jobs, spec), spec.name)
     rates = recorded_cpu_rates()
     if not rates:
         return None
     times = [cpu_seconds(jobs, r) for r in rates.values()]
-    return min(times), max(times), recorded_cpus(rates)
+    return min(times), max(times), (f"a 2-core CPU like the {len(rates)} recorded "
+                                    + ("one" if len(rates) == 1 else "ones"))
 
 
 def ex1_plan(profile: Profile, *, fresh: bool = True) -> Ex1Plan:
@@ -97,8 +98,6 @@ def _run(what: str, p: Profile | TrainConfig, runs: int = 1, batch: Optional[int
 def page_jobs(page: str, profile: Profile, gpus: int = 0) -> list[Job]:
     """The training `page` does under `profile` on a machine with `gpus` GPUs."""
     p = profile
-    if page not in PAGES:
-        raise ValueError(f"unknown page {page!r}; pages: {', '.join(PAGES)}")
     if page == "03_dataparallel":
         jobs = [_run("one run, one device", p)]
         if gpus > 1:
@@ -264,21 +263,21 @@ def setup_page(page: str) -> tuple[Profile, str]:
     return pred["profile"], banner(pred["profile"]) + "\n" + expected_line(pred)
 
 
-def prediction_header(budget: Optional[float] = None) -> list[str]:
+def prediction_header() -> list[str]:
     """The Markdown header of `prediction_rows`' table, naming the budget it was cut to."""
-    budget = budget_s() if budget is None else budget
+    budget = budget_s()
     cut = f"cut to fit {budget / 60:,g} min" if budget > 0 else "cuts (no budget)"
     return [f"| page | T4, `full` as written | T4, `full` as run | {cut} | 2-core CPU, `cpu` |",
             "|---|---|---|---|---|"]
 
 
-def prediction_rows(pages: Sequence[str] = PAGES, budget: Optional[float] = None) -> list[tuple]:
+def prediction_rows() -> list[tuple]:
     """For the README: each page's predicted time range on a Colab T4 under `full` (as written
-    and trimmed to `budget` seconds) and on the recorded 2-core CPUs under `cpu`."""
+    and trimmed to `budget_s()`) and on the recorded 2-core CPUs under `cpu`."""
     full, cpu = get_profile("full"), get_profile("cpu")
     rows = []
-    for page in pages:
-        as_is = predict(page, full, "Tesla T4", 1, budget)
+    for page in PAGES:
+        as_is = predict(page, full, "Tesla T4", 1)
         untrimmed = [STARTUP_S + t for t in predict_jobs(page_jobs(page, full, 1), "T4")[:2]]
         rows.append((page, span(*untrimmed), span(*as_is["seconds"]),
                      "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"])))

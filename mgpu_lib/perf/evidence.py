@@ -1,53 +1,20 @@
-"""The step-time model held against measurements: a calibration on the hardware at hand, and
-the published runs of 12.6. From the PyTorch runs that name their GPU, `fit` takes only what no
-datasheet gives, per GPU class; the spread of the fits is each prediction's band."""
+"""The step-time model held against the published runs of 12.6. From the PyTorch runs that
+name their GPU, `fit` takes only what no datasheet gives, per GPU class; the spread of the fits
+is each prediction's band."""
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from .flops import resnet18_flops, resnet18_params
 from .published import PublishedRun, pairs, runs
-from .scaling import (DEVICES, RESNET18, DeviceSpec, LinkSpec, Overheads, Workload,
+from .scaling import (DEVICES, DeviceSpec, LinkSpec, Overheads, Workload,
                       loader_rate, pair_link, predict_epoch_time, spec_for_name)
 
 NUM_IMAGES = 60_000            # Fashion-MNIST's training set: the published runs' epoch
 UNDECIDED = "cannot be told from the model"
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """step seconds = step_s + batch / images_per_second, fitted by least squares."""
-    images_per_second: float
-    step_s: float
-    rms_error_s: float
-
-    def step_time(self, batch: float) -> float:
-        return self.step_s + batch / self.images_per_second
-
-    def achieved_tflops(self, workload: Workload = RESNET18) -> float:
-        return self.images_per_second * workload.train_flops / 1e12
-
-
-def calibrate(measurements: Sequence[tuple[float, float]]) -> Calibration:
-    """Fit (per-device batch, step seconds) pairs with a line: intercept the per-step overhead,
-    slope the seconds per image. Where it cannot be trusted (one batch size, a negative
-    intercept, time falling with batch), a line through the origin instead."""
-    pts = [(float(b), float(t)) for b, t in measurements]
-    if not pts or any(b <= 0 or t <= 0 for b, t in pts):
-        raise ValueError("calibrate needs positive (batch, seconds) measurements")
-    n = len(pts)
-    mb, mt = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
-    spread = sum((b - mb) ** 2 for b, _ in pts)
-    slope = sum((b - mb) * (t - mt) for b, t in pts) / spread if spread else 0.0
-    step_s = mt - slope * mb
-    if slope <= 0 or step_s < 0:
-        step_s, slope = 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
-    rms = math.sqrt(sum((step_s + slope * b - t) ** 2 for b, t in pts) / n)
-    return Calibration(1.0 / slope, step_s, rms)
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +51,7 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> 
     return (lo + hi) / 2
 
 
-def _known(rows: Optional[Sequence[PublishedRun]]) -> list[PublishedRun]:
+def _known(rows: Optional[Sequence[PublishedRun]] = None) -> list[PublishedRun]:
     """The lines the DataParallel model can be held against: PyTorch, a GPU with a datasheet."""
     return [r for r in (runs() if rows is None else rows)
             if r.framework == "pytorch" and spec_for_name(r.gpu or "-")]
@@ -219,11 +186,10 @@ def _conditioned(one: PublishedRun, two: PublishedRun, f: Fit) -> tuple:
                  for t in f.thread_of(spec))
 
 
-def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
-                       ) -> list[dict]:
+def conditioned_errors(gpu: str = "V100 SXM2") -> list[dict]:
     """Leave one build out, for every published comparison on `gpu` (a `DEVICES` key): fit the
     others, then predict its 2-GPU line from its own 1-GPU line (`_conditioned`); a row each."""
-    known = _known(rows)
+    known = _known()
     out = []
     for one, two in (p for p in pairs(known) if spec_for_name(p[0].gpu).name == gpu):
         lo, mid, hi = _conditioned(one, two, fit([r for r in known if r.run != one.run]))
@@ -233,11 +199,10 @@ def conditioned_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[Published
     return out
 
 
-def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] = None
-                 ) -> list[dict]:
+def ratio_errors(gpu: str = "V100 SXM2") -> list[dict]:
     """The model-free baseline beside `conditioned_errors`: each build's 2-GPU line predicted
     as the other builds' mean ratio (2-GPU over 1-GPU seconds) times its own 1-GPU line."""
-    known = [p for p in pairs(_known(rows)) if spec_for_name(p[0].gpu).name == gpu]
+    known = [p for p in pairs(_known()) if spec_for_name(p[0].gpu).name == gpu]
     out = []
     for one, two in known:
         ratio = statistics.mean(t.sec_per_epoch / o.sec_per_epoch
@@ -249,10 +214,10 @@ def ratio_errors(gpu: str = "V100 SXM2", rows: Optional[Sequence[PublishedRun]] 
     return out
 
 
-def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
+def held_out_sources() -> list[dict]:
     """Leave one source out: each line of a repository predicted by a fit of the others (a
     2-GPU line from its own 1-GPU line), and whether the published figure is inside the band."""
-    known = _known(rows)
+    known = _known()
     out = []
     for repo in dict.fromkeys(r.repo for r in known):
         f = fit([r for r in known if r.repo != repo])
@@ -267,10 +232,10 @@ def held_out_sources(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict
     return out
 
 
-def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
+def directions() -> list[dict]:
     """Each published 1 -> 2 GPU comparison with a named GPU: the published speedup t1 / t2,
     t1 over the held-out prediction of t2, and whether they agree (both > 1 or both not)."""
-    known = _known(rows)
+    known = _known()
     pred = {(h["run"], h["n_gpus"]): h["predicted_s"] for h in held_out(known)}
     out = []
     for one, two in pairs(known):
@@ -283,28 +248,20 @@ def directions(rows: Optional[Sequence[PublishedRun]] = None) -> list[dict]:
 CORNERS = ((0, 0), (0, 2), (2, 0), (2, 2), (1, 1))   # (efficiency, thread_s): low/mean/high
 
 
-def _seconds(predict: Callable[[Overheads], float], o: Overheads) -> float:
-    """A prediction at `o`, refused unless it is a positive, finite number of seconds."""
-    t = predict(o)
-    if isinstance(t, bool) or not math.isfinite(t) or t <= 0:
-        raise ValueError(f"a prediction must be a positive, finite time, got {t!r}")
-    return float(t)
-
-
 def band(predict: Callable[[Overheads], float], spec: DeviceSpec, f: Optional[Fit] = None
          ) -> tuple:
     """(low, mean, high) of a prediction over the fitted overheads' corners: the GPU's
     efficiency range crossed with its DataParallel thread_s range."""
     f = f or published_fit()
-    values = [_seconds(predict, f.overheads(spec, c, t)) for c, t in CORNERS[:4]]
-    return (min(values), _seconds(predict, f.overheads(spec)), max(values))
+    values = [float(predict(f.overheads(spec, c, t))) for c, t in CORNERS[:4]]
+    return (min(values), float(predict(f.overheads(spec))), max(values))
 
 
 def corner_gaps(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
                 spec: DeviceSpec, f: Optional[Fit] = None) -> list[float]:
     """`a - b` in seconds at each of the fit's 4 corners, then at its middle (`CORNERS`)."""
     f = f or published_fit()
-    return [_seconds(a, o) - _seconds(b, o) for o in (f.overheads(spec, c, t) for c, t in CORNERS)]
+    return [float(a(o)) - float(b(o)) for o in (f.overheads(spec, c, t) for c, t in CORNERS)]
 
 
 def predicted_faster(a: Callable[[Overheads], float], b: Callable[[Overheads], float],
@@ -313,8 +270,6 @@ def predicted_faster(a: Callable[[Overheads], float], b: Callable[[Overheads], f
     where A is smaller at every corner of the fit (and its middle), "B faster" the other way
     round, else `UNDECIDED`. (Two bands of one fit move together: they may overlap where one
     setup wins at every corner.) A prediction, not a verdict: no measurement is tested."""
-    if len(names) != 2 or names[0] == names[1]:
-        raise ValueError(f"predicted_faster needs two different names, got {tuple(names)!r}")
     gaps = corner_gaps(a, b, spec, f)
     if all(d < 0 for d in gaps):
         return f"{names[0]} faster"
@@ -322,10 +277,10 @@ def predicted_faster(a: Callable[[Overheads], float], b: Callable[[Overheads], f
 
 
 def epoch_time(n_devices: int, global_batch: int, spec: DeviceSpec,
-               link: Optional[LinkSpec] = None, strategy: str = "dp",
-               num_images: int = 60000) -> Callable[[Overheads], float]:
+               link: Optional[LinkSpec] = None, strategy: str = "dp"
+               ) -> Callable[[Overheads], float]:
     """`overheads -> seconds per epoch` of one setup, for `band` and `predicted_faster`; the link
     defaults to `scaling.pair_link`."""
     link = link or pair_link(spec)
-    return lambda o: predict_epoch_time(n_devices, global_batch, num_images, spec, link,
+    return lambda o: predict_epoch_time(n_devices, global_batch, NUM_IMAGES, spec, link,
                                         strategy, overheads=o)

@@ -37,12 +37,12 @@ def train_flops(net: nn.Module, input_shape=(1, 1, 28, 28)) -> int:
     return count_flops(net, input_shape, train=True)
 
 
-def _convs(width: int, size: int = 28, in_channels: int = 1) -> list[tuple[int, ...]]:
+def _convs(width: int, size: int = 28) -> list[tuple[int, ...]]:
     """(in channels, out channels, kernel, output side) of each convolution of
-    `resnet18(width=width)` on `size` x `size` images: what its FLOPs, parameters and
-    activations follow from, with no network built."""
+    `resnet18(width=width)` on `size` x `size` one-channel images: what its FLOPs, parameters
+    and activations follow from, with no network built."""
     w, side = width, size
-    convs = [(in_channels, w, 3, side)]
+    convs = [(1, w, 3, side)]
     for i, (cin, cout) in enumerate(((w, w), (w, 2 * w), (2 * w, 4 * w), (4 * w, 8 * w))):
         side = side if i == 0 else (side + 1) // 2       # stride 2: a 3x3 (pad 1) or a 1x1
         convs += [(cin, cout, 3, side), (cout, cout, 3, side)]
@@ -50,21 +50,20 @@ def _convs(width: int, size: int = 28, in_channels: int = 1) -> list[tuple[int, 
     return convs
 
 
-def resnet18_flops(width: int = 64, size: int = 28, train: bool = False,
-                   in_channels: int = 1, num_classes: int = 10) -> int:
+def resnet18_flops(width: int = 64, size: int = 28, train: bool = False) -> int:
     """`count_flops` of `resnet18(...)` on `size`-pixel images, computed, not counted: 2 x kernel
     area x input channels per convolution output, 2 x in x out for the linear layer; a training
     step 3x that (two gradients per layer) less the stem's input gradient, which nothing needs."""
     fwd = sum(2 * k * k * cin * cout * s * s for cin, cout, k, s in
-              _convs(width, size, in_channels)) + 2 * 8 * width * num_classes
-    return 3 * fwd - 2 * 9 * in_channels * width * size * size if train else fwd
+              _convs(width, size)) + 2 * 8 * width * 10         # 10 classes
+    return 3 * fwd - 2 * 9 * width * size * size if train else fwd
 
 
-def resnet18_params(width: int = 64, in_channels: int = 1, num_classes: int = 10) -> int:
+def resnet18_params(width: int = 64) -> int:
     """`num_params(resnet18(...))`, computed: each convolution's weights and bias, a BatchNorm
-    (2 per channel) after each 3x3 convolution, and the linear layer."""
+    (2 per channel) after each 3x3 convolution, and the linear layer (10 classes)."""
     return sum(k * k * cin * cout + cout + 2 * cout * (k == 3)
-               for cin, cout, k, _ in _convs(width, 1, in_channels)) + (8 * width + 1) * num_classes
+               for cin, cout, k, _ in _convs(width, 1)) + (8 * width + 1) * 10
 
 
 def train_bytes(width: int, batch: int, size: int = 28) -> int:

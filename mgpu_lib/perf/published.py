@@ -229,10 +229,7 @@ def pairs(rows: Optional[list[PublishedRun]] = None) -> list[tuple[PublishedRun,
 
 def pair(run: str) -> tuple[PublishedRun, PublishedRun]:
     """The comparison named `run` (e.g. 'd2l-pytorch-colab f854371', 'd2l-neu 28px')."""
-    found = [p for p in pairs() if p[0].run == run]
-    if not found:
-        raise KeyError(f"no published run {run!r}; e.g. {[p[0].run for p in pairs()][:3]}")
-    return found[0]
+    return {p[0].run: p for p in pairs()}[run]
 
 
 @dataclass(frozen=True)

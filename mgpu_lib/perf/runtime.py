@@ -64,11 +64,6 @@ def cpu_rates(records) -> dict[str, dict[int, float]]:
     return rates
 
 
-def recorded_cpus(rates: dict) -> str:
-    """What a CPU prediction from `cpu_rates` is for, in words short enough to end a line."""
-    return f"a 2-core CPU like the {len(rates)} recorded {'one' if len(rates) == 1 else 'ones'}"
-
-
 def cpu_seconds(jobs: Sequence[Job], flops_by_width: dict[int, float]) -> float:
     """Training seconds for `jobs` on a CPU that achieves `flops_by_width` (the recorded width
     nearest each job's is used)."""

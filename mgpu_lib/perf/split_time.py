@@ -22,39 +22,25 @@ def predict_hetero_step(speeds: Sequence[float], sizes: Sequence[int], sync_s: f
 class SplitPlan:
     """A split, its predicted step time, and the fastest device alone for comparison."""
     sizes: tuple[int, ...]
-    step_s: float       # predicted: slowest shard + sync
+    step_s: float       # predicted: slowest shard + sync (none when only one device has work)
     alone_s: float      # predicted: the whole batch on the fastest device, no sync
-    sync_s: float = 0.0  # the sync paid (0 when only one device has work)
 
     @property
     def speedup(self) -> float:
-        return self.alone_s / self.step_s if self.step_s > 0 else math.inf
-
-    @property
-    def worth_it(self) -> bool:
-        return self.speedup > 1.0
+        return self.alone_s / self.step_s
 
 
 def best_split(total: int, speeds: Sequence[float], sync_s: float) -> SplitPlan:
     """The split with the smallest slowest shard (`split_sizes`), its predicted step time and
     its predicted speedup over the fastest device alone."""
     sizes = split_sizes(total, speeds)
-    paid = sync_s if sum(n > 0 for n in sizes) > 1 else 0.0
-    return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s),
-                     total / max(speeds), paid)
+    return SplitPlan(tuple(sizes), predict_hetero_step(speeds, sizes, sync_s), total / max(speeds))
 
 
-def worth_it(total: int, speeds: Sequence[float], sync_s: float) -> tuple[bool, float]:
-    """(does splitting beat the fastest device alone?, the predicted speedup), sync included."""
-    plan = best_split(total, speeds, sync_s)
-    return plan.worth_it, plan.speedup
-
-
-def shard_grid(total: int, ideal: int, points: int = 9) -> list[int]:
-    """Sample counts for the slower device to try: 0, around `ideal`, up to about 3 x ideal."""
-    top = min(total, max(3 * ideal, points - 1))
-    grid = {round(top * k / (points - 1)) for k in range(points)} | {ideal}
-    return sorted(grid)
+def shard_grid(total: int, ideal: int) -> list[int]:
+    """Sample counts for the slower device to try: `ideal`, and 9 from 0 to about 3 x ideal."""
+    top = min(total, max(3 * ideal, 8))
+    return sorted({round(top * k / 8) for k in range(9)} | {ideal})
 
 
 def break_even_slowdown(total: int, speed: float, sync_s: float) -> Optional[float]:
