@@ -25,6 +25,7 @@ from mgpu_lib.training import TrainConfig, TrainResult, make_model
 
 from ddp_helpers import (HOOKS, alive, failed, gone, rank_pid, signal_job, source, tiny,
                          wait_for)
+from helpers import one_line
 
 
 # The CLI flags that make `tiny()` (its checkpoint keys match, so --resume finds its checkpoint).
@@ -53,10 +54,6 @@ def _checkpoint(folder: Path, config: TrainConfig, epochs: int) -> Path:
                          epoch_seconds=[1.0] * epochs, images_per_second=[100.0] * epochs)
     return ddp.save_checkpoint(folder, net, torch.optim.SGD(net.parameters(), lr=config.lr),
                                result)
-
-
-def _one_line(err: str) -> bool:
-    return err.count("\n") == 1 and "Traceback" not in err
 
 
 # ---- 1. divergence under DDP ------------------------------------------------------------------
@@ -115,7 +112,7 @@ def test_unwritable_checkpoint_fails_before_training(tmp_path, capsys, no_job, u
     ckpt = blocker / "ckpt" if under else blocker
     assert main(ddp_train("--checkpoint", str(ckpt))) == 2
     err = capsys.readouterr().err
-    assert _one_line(err) and str(blocker) in err, err
+    assert str(blocker) in one_line(err)
 
 
 # The exceptions the old pattern (`^\w*(Error|Exception)`) missed: their names are dotted.
@@ -157,7 +154,7 @@ def test_the_shortest_collective_timeout_names_its_cause(capsys):
     """Before: `--timeout 0.001` said "DDP rank 0 failed: exit code 1"."""
     code = main(ddp_train("--epochs", "1", "--timeout", "0.001"))
     err = capsys.readouterr().err
-    assert code == 1 and _one_line(err), err
+    assert code == 1 and one_line(err)
     assert "DistNetworkError" in err or "DistStoreError" in err or "timed out" in err, err
 
 
@@ -221,7 +218,7 @@ def test_ddp_data_error_exits_2_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MGPU_FASHION_MNIST_DIR", str(tmp_path / "missing"))
     code = main(["train", "--strategy", "ddp", "--nprocs", "2", "--profile", "smoke"])
     err = capsys.readouterr().err
-    assert code == 2 and _one_line(err), err
+    assert code == 2 and one_line(err)
     assert "does not exist" in err and str(tmp_path / "missing") in err
 
 
@@ -234,7 +231,7 @@ def test_checkpoint_without_resume_refuses_to_overwrite(tmp_path, capsys, no_job
     before = path.read_bytes()
     assert main(ddp_train("--checkpoint", str(tmp_path))) == 2
     err = capsys.readouterr().err
-    assert _one_line(err) and str(path) in err, err
+    assert str(path) in one_line(err)
     assert path.read_bytes() == before and os.listdir(tmp_path) == [ddp.CKPT_NAME]
 
 
@@ -249,7 +246,7 @@ def test_a_resume_from_another_runs_or_a_torn_snapshot_is_one_line(tmp_path, cap
     before = path.read_bytes()
     assert main(ddp_train("--checkpoint", str(tmp_path), "--resume")) == 2
     err = capsys.readouterr().err
-    assert _one_line(err) and str(path) in err, err
+    assert str(path) in one_line(err)
     assert ("lr was 0.125, now 0.05" if bad == "foreign" else "does not load") in err, err
     assert path.read_bytes() == before and os.listdir(tmp_path) == [ddp.CKPT_NAME]
 
@@ -270,7 +267,7 @@ def test_a_signal_stops_a_ddp_job_and_leaves_nothing(tmp_path, sig):
     else:                                   # Ctrl-C, and SIGTERM like it
         assert code == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], err
         words = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "interrupted (Ctrl-C)"}[sig]
-        assert _one_line(err) and words in err, err
+        assert words in one_line(err)
 
 
 # ---- issue 33: bounds, messages, leftovers --------------------------------------------------
@@ -289,7 +286,7 @@ def test_more_processes_than_cores_are_refused_before_any_start(monkeypatch, cap
     argv = argv + (["--out", str(tmp_path / "t")] if argv[0] == "trace" else [])
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert _one_line(err) and words in err, err
+    assert words in one_line(err)
 
 
 @pytest.mark.parametrize("command", ["train", "trace"])

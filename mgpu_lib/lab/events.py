@@ -1,16 +1,14 @@
 """The events of a profiler trace of DDP steps (`trace.trace_ddp` writes one per rank), and
 what they measure: how much of the all-reduce time ran while backward was still computing.
-`save_events` keeps a whole run in one small JSON file, which the figures draw from.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..ddp import write_atomic
 from ..perf.scaling import Overheads
 
 # What each event is, from its name in the trace (gloo's and NCCL's names for the collectives).
@@ -173,20 +171,13 @@ def measure_overlap(trace: RankTrace) -> Overlap:
     return Overlap(*(sum(c) / len(rows) for c in zip(*rows))) if rows else Overlap(0, 0, 0, 0, 0)
 
 
-# ---- stored events: what the figures draw from ---------------------------------------------------
-
-def save_events(run: TraceRun, path) -> Path:
-    """`run` as one small JSON file (events, not the Chrome traces)."""
-    return write_atomic(path, json.dumps(asdict(run)))
-
-
 def mean_overlap(run: TraceRun, variant: str) -> Overlap:
     """`measure_overlap` averaged over the ranks of one variant."""
     rows = [measure_overlap(r) for r in run.ranks if r.variant == variant]
     return Overlap(*(sum(c) / len(rows) for c in zip(*map(astuple, rows))))
 
 
-def overlap_rows(run: TraceRun, overlap: Optional[float] = None) -> list:
+def overlap_rows(run: TraceRun) -> list:
     """Per variant, means over ranks and steps: buckets, all-reduces per step, backward ms,
     all-reduce ms, hidden ms, measured share hidden (%), the model's share hidden (%)."""
     rows = []
@@ -195,5 +186,5 @@ def overlap_rows(run: TraceRun, overlap: Optional[float] = None) -> list:
         buckets = max(r.num_buckets for r in run.ranks if r.variant == variant)
         rows.append((variant, buckets, round(o.allreduces, 1), round(o.backward_s * 1e3, 1),
                      round(o.allreduce_s * 1e3, 1), round(o.hidden_s * 1e3, 1),
-                     round(100 * o.fraction), round(100 * o.assumed_fraction(overlap))))
+                     round(100 * o.fraction), round(100 * o.assumed_fraction())))
     return rows

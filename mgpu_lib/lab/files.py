@@ -6,6 +6,7 @@ import functools
 import os
 import platform
 import subprocess
+from contextlib import suppress
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -15,14 +16,6 @@ import torch
 
 SCHEMA = 2      # of the header below; a record without one is from before it (schema 1)
 HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
-
-
-def package_version() -> Optional[str]:
-    """This package's installed version (None where it is not installed)."""
-    try:
-        return metadata.version("mgpu_lib")
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
 
 
 def write_fully(fd: int, data: bytes) -> None:
@@ -48,14 +41,16 @@ def code_version() -> dict:
     where the package tops its own clone. "+dirty": the package or tools differ from the commit
     (pages being rewritten do not count: page 01 executed in place had marked 02 to ex2)."""
     root = Path(__file__).resolve().parents[2]      # the clone holding mgpu_lib/lab/files.py
-    rev = None
+    rev, version = None, None
+    with suppress(metadata.PackageNotFoundError):       # not installed
+        version = metadata.version("mgpu_lib")
     if (root / ".git").exists() and _git("rev-parse", "--show-toplevel", cwd=root) == str(root):
         rev = _git("rev-parse", "--short=12", "HEAD", cwd=root)
         changes = _git("status", "--porcelain", "--untracked-files=no", "--", "mgpu_lib",
                        "tools", cwd=root)
         if rev and changes:
             rev += "+dirty"
-    return {"mgpu_lib": package_version(), "git": rev}
+    return {"mgpu_lib": version, "git": rev}
 
 
 @functools.cache

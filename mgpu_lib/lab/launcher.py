@@ -80,10 +80,9 @@ def run_ranks(args: list, nprocs: int, job, *, env: dict, timeout_s: Optional[fl
 
 def supervise(cmd, env, timeout_s: Optional[float], log=None, logs=None, done=None) -> Ended:
     """Run `cmd`, passing rank 0's lines to `log`; stop all after `timeout_s` seconds (None:
-    no limit; a hung rank is found by the collective timeout, which names it) or on any
-    exception.
-    SHUTDOWN_GRACE_S after a rank's error file appears under `logs` (or `done` does), kill the
-    ranks still running: torchrun would wait 30 s for one that ignores its SIGTERM (it hung)."""
+    no limit; the collective timeout finds a hung rank) or on any exception. SHUTDOWN_GRACE_S
+    after a rank's error file appears under `logs` (or `done` does), kill the ranks still
+    running: torchrun would wait 30 s for one that ignores its SIGTERM (it hung)."""
     tail: deque = deque(maxlen=200)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, encoding="utf-8", errors="replace", **popen_options())
@@ -128,10 +127,9 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto",
            resume: bool = False, log=None) -> TrainResult:
     """Train `config` (its batch the global one) with the DDP program on `nprocs` processes;
     rank 0's result. `log` gets rank 0's lines. No wall-clock limit unless `timeout_s` is
-    given (issue 52: a hidden hour had cut long runs off): a rank that stops answering fails
-    the job after `collective_timeout_s`, the limit `--timeout` sets. A DeviceError
-    (`check_nprocs`), a RankInputError (a rank refused its input: the data, a checkpoint that
-    does not load or is another run's) or a LaunchError (a rank failed)."""
+    given: a rank that stops answering fails the job after `collective_timeout_s`. A
+    DeviceError (`check_nprocs`), a RankInputError (a rank refused its input) or a
+    LaunchError (a rank failed)."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
     check_nprocs(nprocs, backend)

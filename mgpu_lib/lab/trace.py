@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -28,10 +27,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from ..ddp import choose_backend, local_batch_size, setup, write_atomic
-from ..devices import DeviceError, describe_devices, num_gpus
+from ..devices import describe_devices, num_gpus
 from ..model import num_params, resnet18
 from ..training import TrainConfig, make_model
-from .events import TraceRun, overlap_rows, read_trace, save_events
+from .events import TraceRun, overlap_rows, read_trace
 from .launcher import check_nprocs, job_folder, rank_env, run_ranks
 
 ONE_BUCKET_MB = 10_000.0     # a cap larger than any model here: every gradient in one bucket
@@ -96,29 +95,20 @@ def _profile(model, config: TrainConfig, variant: Variant, device, batch: int, a
     return prof
 
 
-def _save(prof, meta: dict, path: Path, scratch: Path) -> None:
-    """`prof`'s Chrome trace with `meta` in it, written to `path` whole or not at all. The
-    profiler's own writer reports a failed write on stderr only and leaves a torn `.tmp`, so it
-    writes into the job's folder (`scratch`, removed with it), and `path` gets one atomic write
-    whose error names the file and the cause."""
-    raw = scratch / f"{path.parent.name}-{path.name}"
-    prof.export_chrome_trace(str(raw))
-    if not raw.is_file():
-        raise OSError(f"the profiler wrote no trace into {scratch} (a full disk? "
-                      f"{shutil.disk_usage(scratch).free / 2**20:.0f} MiB free)")
-    doc = json.loads(raw.read_text(encoding="utf-8"))
-    raw.unlink()
+def _save(prof, meta: dict, path: Path) -> None:
+    """`prof`'s Chrome trace with `meta` in it, at `path` in the job's folder: the profiler's
+    writer can leave a torn file, which goes with the folder; `trace_ddp` copies it out whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text(encoding="utf-8"))
     doc.setdefault("otherData", {})["mgpu"] = meta    # the format's place for metadata
-    write_atomic(path, json.dumps(doc, separators=(",", ":")))
-
-
-def _folder(variant: Variant) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "_", variant.name).strip("_")
+    path.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
 
 
 def _trace_file(out, variant: Variant, rank: int) -> Path:
     """Where rank `rank`'s Chrome trace of `variant` goes: OUT/<variant>/rank<r>.json."""
-    return Path(out) / _folder(variant) / f"rank{rank}.json"
+    folder = re.sub(r"[^A-Za-z0-9.]+", "_", variant.name).strip("_")
+    return Path(out) / folder / f"rank{rank}.json"
 
 
 @record     # an exception goes to this rank's error file, where the launcher reads it
@@ -140,10 +130,9 @@ def trace_rank(spec_path: str) -> None:
         meta = dict(variant=v.name, rank=rank, num_buckets=len(str(sizes).split(",")),
                     bucket_cap_mb=v.bucket_cap_mb, accumulate=v.accumulate, profile=cfg.profile,
                     width=cfg.width, batch_size=cfg.batch_size,
-                    hardware=describe_devices([device]), world_size=dist.get_world_size(),
+                    hardware=describe_devices([device]), world_size=world,
                     backend=dist.get_backend())
-        _save(prof, meta, _trace_file(Path(spec_path).parent / "traces", v, rank),
-              Path(spec_path).parent)
+        _save(prof, meta, _trace_file(Path(spec_path).parent / "traces", v, rank))
         dist.barrier()
     dist.destroy_process_group()
 
@@ -153,8 +142,8 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
               timeout_s: float = 300.0) -> TraceRun:
     """Trace `active` steps of each variant on `nprocs` processes; the events of every rank.
     `config.batch_size` is the global batch. Once every rank succeeded, this process writes
-    `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (`save_events`). The ranks
-    run as a DDP job does (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on
+    `out/<variant>/rank<r>.json` (Chrome traces) and `out/events.json` (the `TraceRun`). The
+    ranks run as a DDP job does (`launcher.run_ranks`): stopped after `timeout_s` seconds, or on
     Ctrl-C, SIGTERM or SIGHUP, none outliving this call; a failed rank is a `LaunchError`."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)
@@ -178,15 +167,15 @@ def trace_ddp(config: TrainConfig, nprocs: int = 2, variants: Optional[Sequence[
                    config.profile, nprocs, backend, config.width, config.batch_size,
                    time.perf_counter() - start)
     run.ranks = [read_trace(_trace_file(out, v, r), v.name, r) for v, r in ranks]
-    save_events(run, out / "events.json")
+    write_atomic(out / "events.json", json.dumps(asdict(run)))
     return run
 
 
-def summary_lines(run: TraceRun, overlap: Optional[float] = None) -> list:
+def summary_lines(run: TraceRun) -> list:
     """A few lines for the command line: per variant, what the trace measured."""
     lines = [f"{run.hardware}, profile {run.profile}, width {run.width}, global batch "
              f"{run.batch_size}: traced in {run.seconds:.0f} s"]
-    for variant, buckets, n, bwd, comm, hidden, measured, assumed in overlap_rows(run, overlap):
+    for variant, buckets, n, bwd, comm, hidden, measured, assumed in overlap_rows(run):
         lines.append(f"{variant}: {buckets} bucket(s), {n:g} all-reduce(s) per step; backward "
                      f"{bwd:g} ms, all-reduce {comm:g} ms, {measured}% of it hidden "
                      f"(model: {assumed}%)")
@@ -225,10 +214,7 @@ class MarkedDataParallel(nn.DataParallel):
 
 def trace_dataparallel(config: TrainConfig, out="runs/trace", active: int = 2) -> TraceRun:
     """DataParallel's step over every GPU, traced: scatter, replicate, parallel_apply, gather,
-    and the gradients' reduce in backward. Needs two or more GPUs (else a DeviceError)."""
-    if num_gpus() < 2:
-        raise DeviceError(f"DataParallel's trace needs 2 or more GPUs; this machine has "
-                          f"{num_gpus()}")
+    and the gradients' reduce in backward, on two or more GPUs."""
     devices = [torch.device(f"cuda:{i}") for i in range(num_gpus())]
     model = MarkedDataParallel(make_model(config, devices[0]), device_ids=devices)
     prof = _profile(model, config, Variant("DataParallel"), devices[0], config.batch_size, active)
