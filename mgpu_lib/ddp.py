@@ -91,9 +91,7 @@ def write_atomic(path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as f:
-            view = memoryview(data.encode() if isinstance(data, str) else data)
-            while view:                 # one os.write may take only part of it
-                view = view[os.write(f.fileno(), view):]
+            write_fully(f.fileno(), data.encode() if isinstance(data, str) else data)
             os.fsync(f.fileno())        # a full disk can show only here
         os.replace(tmp, path)
     except OSError as e:        # one that says which file (a full disk says none)
@@ -101,6 +99,13 @@ def write_atomic(path, data) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_fully(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def check_fresh(folder) -> None:
@@ -300,8 +305,11 @@ def add_flags(parser, cls=TrainConfig, skip=()) -> None:
                                 help=f.metadata.get("help"))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):          # one line, exit 2 (argparse adds a usage line first)
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line, exit 2 (argparse adds a usage line first);
+    the CLI's and the tools' too."""
+
+    def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -309,7 +317,7 @@ def parse_args(argv=None):
     """`main`'s arguments: a flag per `TrainConfig` setting over `--config` (JSON). Input is
     checked here, where it enters: a bad value, a bad `--config` or an `--out` that holds
     something other than an earlier result is one line and exit 2, before any rank trains."""
-    parser = _Parser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
+    parser = Parser(prog="torchrun --nproc_per_node=N -m mgpu_lib.ddp",
                      description=__doc__.splitlines()[0])
     add_flags(parser, TrainConfig, skip=("devices",))     # devices: --nproc_per_node
     parser.add_argument("--config", help="a TrainConfig as JSON; the flags override it")

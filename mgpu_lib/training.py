@@ -43,7 +43,6 @@ def diverged(loss: float) -> bool:
 METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
 # The same weights with BatchNorm's statistics checked (`bn_accuracies`), per epoch where recorded.
 BN_METRICS = ("test_acc_batch", "test_acc_recal", "train_acc_recal")
-STATUSES = ("ok", "diverged", "failed")
 PARTIAL = ".partial-"   # atomic writes' temporary files are `.NAME.partial-XXXX`: ours alone
 
 
@@ -215,8 +214,6 @@ def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
             for x, y in train_iter:
                 loss_sum, correct = step(x, y)
                 sums = [sums[0] + loss_sum, sums[1] + correct, sums[2] + len(y)]
-            if not sums[2]:
-                raise ValueError("the training data yielded no batch")
             totals = torch.stack([torch.as_tensor(v, device=sums[0].device).double()
                                   for v in sums])
             if reduce is not None:

@@ -160,15 +160,6 @@ def test_gather_facts_reads_p2p_per_pair_and_the_step_split(monkeypatch):
     assert "no peer-to-peer access" in names(f)
 
 
-def test_a_batch_curve_has_one_row_per_batch_and_steps_in_proportion():
-    from mgpu_lib.lab.bench import batch_curve
-    rows = batch_curve([8, 16], width=4, steps=1, repeats=1, warmup_steps=1, device="cpu")
-    assert [r["batch"] for r in rows] == [8, 16]
-    for r in rows:
-        assert r["step_s"] == pytest.approx(r["batch"] / r["images_per_second"])
-        assert len(r["runs"]) == 1 and r["peak_memory_mb"] is None
-
-
 @pytest.mark.parametrize("name, sheet", [
     ("NVIDIA RTX A1000", None), ("NVIDIA T400", None), ("NVIDIA A100-SXM4-40GB", None),
     ("NVIDIA H100 PCIe", None), ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 3090", None),

@@ -33,7 +33,7 @@ from .pages import minutes, prediction_header, prediction_rows
 from .profiles import active_profile, get_profile
 from .store import append, check_output, check_writable, save_result
 from ..config import AUTO, channels_last_safe, is_number
-from ..ddp import add_flags
+from ..ddp import Parser, add_flags
 from .flags import COUNT, POSITIVE_INT, POSITIVE_NUMBER, Check, argtype, on_cli
 from ..lab.launcher import LaunchError, launch
 from .sweep import (count_points, merge_vary, parse_seeds, parse_vary, plan_line, plural,
@@ -48,13 +48,6 @@ BUCKET_CAP = Check(f"a number of MiB above 0 and at most {ONE_BUCKET_MB:g} (one 
                    f"any model here)", lambda v: is_number(v) and 0 < v <= ONE_BUCKET_MB, float)
 BF16_FLAG = {"auto": AUTO, "on": True, "off": False}    # a --bf16 value as a config value
 seed_list = argtype(parse_seeds)      # --seeds of `sweep` and of the tools
-
-
-class Parser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line, with exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(config=TrainConfig) -> Parser:

@@ -16,8 +16,8 @@ from typing import Optional, Sequence
 
 from filelock import FileLock
 
-from ..ddp import write_atomic
-from ..lab.files import HEADER, stamp, write_fully
+from ..ddp import write_atomic, write_fully
+from ..lab.files import HEADER, stamp
 from ..training import TrainResult, check_out
 
 RECORDED_DIR = "recorded"     # the package's folder of shipped records

@@ -9,7 +9,7 @@ import statistics
 import sys
 from dataclasses import replace
 from itertools import islice
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional
 try:                # POSIX only: Windows has no `resource`, and reads psutil's peak instead
     import resource
 except ImportError:
@@ -142,21 +142,6 @@ def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int =
                    "images_per_second": rates[name], "median": statistics.median(rates[name]),
                    "peak_memory_mb": max(peak_mem[name]) if device.type == "cuda" else None}
             for name in modes}
-
-
-def batch_curve(batches: Sequence[int], *, width: int = 64, steps: int = 5, repeats: int = 3,
-                warmup_steps: int = 2, device=None) -> list[dict]:
-    """Images/s of the fast loop ("auto" switches) at each batch size, one row per batch (peak
-    memory on CUDA only): the rows `evidence.calibrate` fits a line to."""
-    device = torch.device(device) if device is not None else try_gpu()
-    rows = []
-    for b in batches:
-        sw = resolve_switches(TrainConfig(width=width, batch_size=b), device)
-        m = measure({"fast": sw}, width=width, batch_size=b, steps=steps, repeats=repeats,
-                    warmup_steps=warmup_steps, device=device)["fast"]
-        rows.append(dict(batch=b, images_per_second=m["median"], step_s=b / m["median"],
-                         runs=m["images_per_second"], peak_memory_mb=m["peak_memory_mb"]))
-    return rows
 
 
 def bench_device(device=None) -> torch.device:

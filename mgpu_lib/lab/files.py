@@ -18,13 +18,6 @@ SCHEMA = 2      # of the header below; a record without one is from before it (s
 HEADER = ("schema", "mgpu_lib", "git", "torch", "hardware", "profile", "config")
 
 
-def write_fully(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _git(*args: str, cwd: Path) -> Optional[str]:
     """A git command's output, or None if git is missing, slow or unhappy."""
     try:
