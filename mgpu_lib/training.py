@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .data import load_fashion_mnist
 from .devices import describe_devices, resolve_devices, timed
 from .model import init_weights, resnet18
-from .config import GRAPHS, Switches, TrainConfig, prepare_model, resolve_switches
+from .config import GRAPHS, REFERENCE, Switches, TrainConfig, prepare_model, resolve_switches
 
 # A mean training loss above 4 x ln(10) ~ 9.2 is far worse than guessing uniformly (ln 10 ~ 2.3):
 # the run has diverged even if BatchNorm kept the numbers finite (lr 50 gives about 1e7, then 16).
@@ -113,31 +113,26 @@ def check_out(path) -> None:
     `--out`), made before any work: it may replace nothing but an empty file or an earlier run's
     result (one JSON object with a config and a loss curve). A notebook, a results store or
     any other file is a one-line ValueError, and stays as it was."""
-    path = Path(path)
-    if not path.is_file() or not path.read_bytes().strip():
-        return                       # new or empty
+    text = Path(path).read_bytes().strip() if Path(path).is_file() else b""
     try:
-        doc = json.loads(path.read_bytes())
-        if isinstance(doc, dict) and {"config", "train_loss"} <= doc.keys():
-            return
-    except ValueError:               # not one JSON document (a store, notes, a checkpoint)
+        if not text or {"config", "train_loss"} <= json.loads(text).keys():
+            return                   # new, empty, or a result
+    except (ValueError, AttributeError):    # not one JSON object (a store, notes, a checkpoint)
         pass
     raise ValueError(f"will not replace {path}: it is not a run's result (a notebook, a "
                      f"results store or another file); name another file")
 
 
-def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Optional[Switches]):
+def _prepare(x: torch.Tensor, y: torch.Tensor, device, switches: Switches):
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    if switches is not None and switches.channels_last:
+    if switches.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     return x, y
 
 
-def _autocast(device, switches: Optional[Switches]):
-    fp16 = switches is not None and switches.fp16
-    on = switches is not None and (switches.bf16 or fp16)
-    return torch.autocast(torch.device(device).type, enabled=on,
-                          dtype=torch.float16 if fp16 else torch.bfloat16)
+def _autocast(device, switches: Switches):
+    return torch.autocast(torch.device(device).type, enabled=switches.bf16 or switches.fp16,
+                          dtype=torch.float16 if switches.fp16 else torch.bfloat16)
 
 
 class Autocast(nn.Module):
@@ -155,7 +150,7 @@ class Autocast(nn.Module):
             return self.module(*args, **kwargs)
 
 
-def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Optional[Switches] = None) -> float:
+def evaluate_accuracy(net: nn.Module, data_iter, *, switches: Switches = REFERENCE) -> float:
     """Accuracy over `data_iter` in eval mode (`net`'s mode is restored after), counted on the
     device: one read back at the end, not one a batch as D2L's `evaluate_accuracy_gpu`."""
     device, was_training = next(net.parameters()).device, net.training
@@ -178,13 +173,12 @@ def make_model(config: TrainConfig, device) -> nn.Module:
 
 
 def make_step(model: nn.Module, optimizer, loss_fn, device,
-              switches: Optional[Switches] = None):
+              switches: Switches = REFERENCE):
     """`step(x, y)`: one SGD step, returning (sum of losses, correct) as tensors
     on `device`; nothing is read back to the host (an `.item()` would stall the GPU).
     The `GradScaler` scales the loss under fp16 (small gradients would underflow);
     otherwise it passes through."""
-    fp16 = bool(getattr(switches, "fp16", False))
-    scaler = torch.amp.GradScaler("cuda", enabled=fp16)
+    scaler = torch.amp.GradScaler("cuda", enabled=switches.fp16)
 
     def step(x, y):
         x, y = _prepare(x, y, device, switches)
