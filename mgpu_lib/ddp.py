@@ -149,7 +149,7 @@ def restore(folder, config: TrainConfig, world_size: int, net: nn.Module, optimi
 
 
 LOG = "rank 0: "     # rank 0's lines start with this (torchrun mixes every rank's output)
-PARENT_POLL_S = 0.5
+PARENT_POLL_S = 0.05     # short: an epoch that ends inside this window still saves
 
 
 def exit_with_parent() -> None:
