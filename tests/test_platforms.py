@@ -185,7 +185,7 @@ def test_stop_terminates_the_tree_then_kills_what_ignores_it():
         assert proc.poll() is not None and wait_for(lambda: not alive(child.pid), 5)
     finally:
         launcher.stop_all(launcher.tree(proc.pid) + [psutil.Process(proc.pid)]
-                           if alive(proc.pid) else [], grace_s=1)
+                           if alive(proc.pid) else [])
 
 
 @pytest.mark.slow
@@ -212,7 +212,7 @@ def test_a_killed_parent_takes_the_job_and_its_folder_with_it(tmp_path):
         assert wait_for(lambda: not list(tmp_path.glob("mgpu-test-*")), 30)
     finally:
         parent.kill()
-        launcher.stop_all([p for p in started if alive(p.pid)], grace_s=1)
+        launcher.stop_all([p for p in started if alive(p.pid)])
 
 
 # ---- Apple Silicon: MPS mocked -----------------------------------------------------------------

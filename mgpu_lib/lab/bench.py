@@ -10,10 +10,6 @@ import sys
 from dataclasses import replace
 from itertools import islice
 from typing import Callable, Iterator, Optional
-try:                # POSIX only: Windows has no `resource`, and reads psutil's peak instead
-    import resource
-except ImportError:
-    resource = None
 
 import psutil
 import torch
@@ -44,9 +40,7 @@ def native_bf16(device, cpu_support: Optional[str] = None) -> bool:
     device = torch.device(device)
     if device.type == "cuda":
         return autocast_dtype(device) == "bf16"
-    if device.type == "cpu":
-        return (cpu_support or cpu_bf16_support()) != "none"
-    return False
+    return device.type == "cpu" and (cpu_support or cpu_bf16_support()) != "none"
 
 
 def peak_tflops(device, bf16: bool, fp16: bool = False) -> Optional[float]:
@@ -108,40 +102,38 @@ def images_per_second(batches: Iterator, steps: int, device,
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory in MiB (where psutil has no peak: its current RSS)."""
-    if resource is not None:     # ru_maxrss: bytes on macOS, KiB on Linux
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-    info = psutil.Process().memory_info()
-    return getattr(info, "peak_wset", info.rss) / 2**20      # peak_wset: Windows
+    try:            # POSIX only; ru_maxrss: bytes on macOS, KiB on Linux
+        import resource
+    except ImportError:     # Windows: psutil's peak
+        info = psutil.Process().memory_info()
+        return getattr(info, "peak_wset", info.rss) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
-def measure(modes: dict, *, width: int = 64, batch_size: int = 256, steps: int = 5,
-            repeats: int = 3, warmup_steps: int = 2, device=None,
-            num_workers: Optional[int] = None) -> dict:
+def measure(modes: dict, *, device, width: int = 64, batch_size: int = 256, steps: int = 5,
+            repeats: int = 3, warmup_steps: int = 2, num_workers: Optional[int] = None) -> dict:
     """Images/s of each mode in `modes` (name -> Switches), round-robin over `repeats`: after
     `warmup_steps` untimed steps each, every repeat runs every mode `steps` steps in turn
     (A B A B ...), so slow drifts of a shared machine hit all modes alike."""
-    device = torch.device(device) if device is not None else try_gpu()
+    device, cuda = torch.device(device), torch.device(device).type == "cuda"
     n = batch_size * (warmup_steps + steps * repeats)
     data = synthetic_fashion_mnist(n_train=n, n_test=1)      # content does not change speed
     runs = {name: _mode(sw, width, data["train_images"], data["train_labels"], batch_size,
                         device, num_workers) for name, sw in modes.items()}
-    rates = {name: [] for name in modes}
-    peak_mem = {name: [0.0] for name in modes}     # MiB, after each run (CUDA only)
+    rates, peak_mem = {name: [] for name in modes}, {name: [] for name in modes}    # MiB
     for run in runs.values():
         run(warmup_steps)
     for _ in range(repeats):
         for name, run in runs.items():
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             rates[name].append(run(steps))
-            if device.type == "cuda":
-                peak_mem[name].append(torch.cuda.max_memory_allocated(device) / 2**20)
+            peak_mem[name].append(torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0)
     del runs                                   # shuts the loaders' worker processes down
     return {name: {"switches": modes[name].to_dict(), "describe": modes[name].describe(),
                    "images_per_second": rates[name], "median": statistics.median(rates[name]),
-                   "peak_memory_mb": max(peak_mem[name]) if device.type == "cuda" else None}
-            for name in modes}
+                   "peak_memory_mb": max(peak_mem[name]) if cuda else None} for name in modes}
 
 
 def bench_device(device=None) -> torch.device:
@@ -177,10 +169,9 @@ def usable_memory(device=None) -> int:
 
 def check_fits(width: int, batch: int, devices: Optional[int] = None,
                available: Optional[int] = None) -> None:
-    """The one bound on a network and its batch, checked before anything is allocated (`train`,
-    `sweep`, `bench`, the tools): a one-line ValueError when training `width` at `batch`, split
-    over `devices`, needs more than `available` bytes (default `usable_memory()`). It names the
-    batch when even a width-1 network cannot take it, else the width (`perf.flops.check_width`)."""
+    """The one bound on a network and its batch, checked before anything is allocated: a ValueError
+    when training `width` at `batch` over `devices` needs more than `available` bytes (default
+    `usable_memory()`), naming the batch if even width 1 cannot take it, else the width."""
     free = usable_memory() if available is None else available
     n = devices or max(1, num_gpus())
     if train_bytes(1, -(-batch // n)) > free:
@@ -192,28 +183,19 @@ def check_fits(width: int, batch: int, devices: Optional[int] = None,
     check_width(width, batch, devices, available=free)
 
 
-# a synthetic image while it is made: its float32 template, noise and sum (uint8 once made)
-IMAGE_BYTES = 3 * 4 * 28 * 28
-
-
-def check_memory(width: int, batch: int, images: int, device) -> None:
-    """A one-line ValueError before anything is allocated: `images` synthetic images, then a
-    network of `width` training on `batch` of them (`config.check_fits`), on `device`."""
-    free, data = usable_memory(device), images * IMAGE_BYTES
-    check_fits(width, batch, 1, available=free)
-    if data > free - train_bytes(width, batch):
-        raise ValueError(f"{images:,} images (batch {batch:,} times the steps) need about "
-                         f"{data / 1e9:,.0f} GB beside the network, and this machine has "
-                         f"{free / 1e9:.1f} GB; fewer steps or repeats")
-
-
 def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: int = 3,
           warmup_steps: int = 2, device=None, num_workers: Optional[int] = None,
           bf16=AUTO, norm_fp32: bool = False) -> dict:
     """The chapter's loop vs the fast loop ("auto" switches for `device`), measured together."""
     workers = chapter_workers(num_workers)       # a bad count is refused before any work
     device = bench_device(device)
-    check_memory(width, batch_size, batch_size * (warmup_steps + steps * repeats), device)
+    # before allocating: the network, then the images (each made from 3 float32 28x28 arrays)
+    images, free = batch_size * (warmup_steps + steps * repeats), usable_memory(device)
+    check_fits(width, batch_size, 1, available=free)
+    if images * 3 * 4 * 28 * 28 > free - train_bytes(width, batch_size):
+        raise ValueError(f"{images:,} images (batch {batch_size:,} times the steps) need about "
+                         f"{images * 3 * 4 * 28 * 28 / 1e9:,.0f} GB beside the network, and this "
+                         f"machine has {free / 1e9:.1f} GB; fewer steps or repeats")
     fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
                                         norm_fp32=norm_fp32), device)
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
@@ -231,9 +213,8 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
             "process_peak_rss_mb": peak_rss_mb()}
 
 
-def format_bench(result: dict) -> list:
+def format_bench(r: dict) -> list:
     """The lines `python -m mgpu_lib bench` prints."""
-    r = result
     lines = ["bench: ResNet-18 width {width}, batch {batch_size}, {steps} steps x {repeats} "
              "repeats, alternating after {warmup_steps} warm-up steps, on {hardware}".format_map(r)]
     for name, m in r["modes"].items():

@@ -69,11 +69,11 @@ def chapter_step(net: nn.Module, trainer, loss, device):
     return step
 
 
-def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
-    """D2L's `evaluate_accuracy_gpu`: eval mode, and the count of correct predictions read back
-    to the host after every batch."""
-    net.eval()
-    device = device or next(iter(net.parameters())).device
+def evaluate_accuracy_gpu(net: nn.Module, data_iter, train_mode: bool = False) -> float:
+    """D2L's `evaluate_accuracy_gpu`: eval mode (`train_mode`: BatchNorm uses each batch's own
+    statistics, for `lab.drop`), and the count of correct predictions read back every batch."""
+    net.train(train_mode)
+    device = next(iter(net.parameters())).device
     correct = total = 0
     with torch.no_grad():
         for X, y in data_iter:
@@ -83,12 +83,10 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter, device=None) -> float:
     return correct / total
 
 
-def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
-          num_epochs: int = 10, check_bn=None) -> dict:
+def train(net: nn.Module, devices, train_iter, test_iter, lr: float, num_epochs: int = 10) -> dict:
     """D2L 12.6's `train(net, num_gpus, batch_size, lr)`, refactored (no Animator, the step
     factored out, the data and the devices passed in): the test accuracy and seconds of every
-    epoch (`time.perf_counter` for `d2l.Timer`: no synchronize). `check_bn(net) -> dict`, if
-    given, adds its readings to each epoch's (`lab.drop.bn_accuracies`)."""
+    epoch (`time.perf_counter` for `d2l.Timer`: no synchronize)."""
     chapter_init_weights(net)                 # net.apply(init_weights)
     net = nn.DataParallel(net, device_ids=devices)
     trainer = torch.optim.SGD(net.parameters(), lr)
@@ -101,8 +99,6 @@ def train(net: nn.Module, devices, train_iter, test_iter, lr: float,
             step(X, y)
         out["epoch_seconds"].append(time.perf_counter() - t0)
         out["test_acc"].append(evaluate_accuracy_gpu(net, test_iter))
-        for key, value in (check_bn(net) if check_bn else {}).items():
-            out.setdefault(key, []).append(value)
     return out
 
 
@@ -159,38 +155,31 @@ def chapter_loader(images: torch.Tensor, labels: torch.Tensor, batch_size: int, 
                    source: str = "unknown") -> DataLoader:
     """The chapter's loader over uint8 tensors: PIL + `ToTensor` per image, worker processes;
     training drops a final partial batch, as `DeviceLoader` does."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    workers = chapter_workers(num_workers)
     dataset = PILImages(images, labels)
     sampler = PermutationSampler(len(dataset), seed) if shuffle else None
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
                         drop_last=shuffle and len(dataset) >= batch_size,
-                        num_workers=workers, generator=torch.Generator().manual_seed(seed))
+                        num_workers=chapter_workers(num_workers),
+                        generator=torch.Generator().manual_seed(seed))
     loader.source = source         # where the data came from, as a `DeviceLoader` says
     return loader
 
 
-def load_fashion_mnist_chapter(batch_size: int, *, root=None, source: str = "auto",
-                               train_limit: Optional[int] = None,
-                               test_limit: Optional[int] = None, seed: int = 0,
-                               allow_synthetic: bool = False,
-                               num_workers: Optional[int] = None
+def load_fashion_mnist_chapter(batch_size: int, *, source: str = "auto",
+                               train_limit: Optional[int] = None, test_limit: Optional[int] = None,
+                               seed: int = 0, allow_synthetic: bool = False
                                ) -> tuple[DataLoader, DataLoader]:
     """The images of `load_fashion_mnist`, through the chapter's pipeline (on the CPU), with
-    `chapter_workers(num_workers)` worker processes."""
-    workers = chapter_workers(num_workers)      # refused before the data is read
-    xtr, ytr, xte, yte, origin = load_subsets(source, root, allow_synthetic, train_limit,
+    `chapter_workers()` worker processes."""
+    xtr, ytr, xte, yte, origin = load_subsets(source, None, allow_synthetic, train_limit,
                                               test_limit)
-    kw = dict(seed=seed, num_workers=workers, source=origin)
-    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, **kw),
-            chapter_loader(xte, yte, batch_size, shuffle=False, **kw))
+    return (chapter_loader(xtr, ytr, batch_size, shuffle=True, seed=seed, source=origin),
+            chapter_loader(xte, yte, batch_size, shuffle=False, seed=seed, source=origin))
 
 
 def chapter_data(config) -> tuple[DataLoader, DataLoader]:
     """`config`'s data through the chapter's pipeline: what `mg.train(config, data=...)` takes
     to run the chapter's loop in full (`fast=False`: the chapter's loader, fp32, NCHW)."""
     return load_fashion_mnist_chapter(config.batch_size, source=config.data_source,
-                                      train_limit=config.train_limit,
-                                      test_limit=config.test_limit, seed=config.seed,
-                                      allow_synthetic=config.allow_synthetic)
+                                      train_limit=config.train_limit, test_limit=config.test_limit,
+                                      seed=config.seed, allow_synthetic=config.allow_synthetic)

@@ -21,8 +21,6 @@ from ..model import resnet18
 from ..perf.scaling import (DeviceSpec, LinkSpec, Overheads, StepTime, compute_rate,
                             dp_python_s, pair_link, predict_step_time, spec_for_name)
 
-NVLINK_PREFIX = "NV"    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
-
 
 @dataclass(frozen=True)
 class Facts:
@@ -62,20 +60,17 @@ class Machine:
     spec: DeviceSpec
     link: LinkSpec
     n: int
-    width: int = 64
-    overheads: Optional[Overheads] = None   # None: the middle of the published runs' fit
+    width: int
+    overheads: Overheads                    # `machine`'s: the middle of the published runs' fit
 
     def step(self, batch: float, strategy: str, link: Optional[LinkSpec] = None,
              n: Optional[int] = None) -> StepTime:
-        """The predicted step (at the middle of the published runs' fit by default)."""
         return predict_step_time(n or self.n, batch, self.spec, link or self.link, strategy,
-                                 workload=workload(self.width),
-                                 overheads=self.overheads or published_fit().overheads(self.spec))
+                                 workload=workload(self.width), overheads=self.overheads)
 
     def rate(self) -> float:
-        """Images per second one GPU computes (at the fit's middle by default)."""
-        o = self.overheads or published_fit().overheads(self.spec)
-        return compute_rate(self.spec, workload(self.width), o.efficiency)
+        """Images per second one GPU computes."""
+        return compute_rate(self.spec, workload(self.width), self.overheads.efficiency)
 
 
 def machine(f: Facts) -> Optional[Machine]:
@@ -87,7 +82,7 @@ def machine(f: Facts) -> Optional[Machine]:
     links = [pair_link(spec, f.peer.get(p), f.links.get(p))
              for p in combinations(range(len(f.devices)), 2)]
     link = min(links, key=lambda k: k.gbs) if links else pair_link(spec)
-    return Machine(spec, link, max(len(f.devices), 1), f.width)
+    return Machine(spec, link, max(len(f.devices), 1), f.width, published_fit().overheads(spec))
 
 
 def small_batch(m: Machine, strategy: str = "dp") -> float:
@@ -117,7 +112,8 @@ def _hardware_causes(f: Facts, m: Optional[Machine]) -> Iterator[Cause]:
         yield Cause("no peer-to-peer access", f"GPU pairs without P2P: {names}; every copy "
                     "between them stages through host memory (GeForce cards such as the RTX "
                     "4090 ship with P2P off)", link_fix, ms)
-    pcie = {p: c for p, c in f.links.items() if not c.startswith(NVLINK_PREFIX)}
+    # `nvidia-smi topo -m`: NV# is NVLink; PIX/PXB/PHB/NODE/SYS are PCIe paths
+    pcie = {p: c for p, c in f.links.items() if not c.startswith("NV")}
     if pcie and not no_p2p:
         codes = ", ".join(f"{i}-{j}: {c}" for (i, j), c in sorted(pcie.items()))
         ms = 1e3 * m.step(f.global_batch, f.strategy).communication if m else None
@@ -240,7 +236,7 @@ def loader_images_per_s(loader: Iterable, batches: int = 20) -> float:
     return rest / (now - t1) if rest else n / (now - t0)
 
 
-def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Iterable] = None,
+def gather_facts(global_batch: int, strategy: str = "dp", *, loader: Iterable,
                  train_images_per_s: Optional[float] = None, width: int = 64) -> Facts:
     """Measure this machine's `Facts` (the DataParallel step's split with two CUDA devices)."""
     n = torch.cuda.device_count()
@@ -252,7 +248,6 @@ def gather_facts(global_batch: int, strategy: str = "dp", loader: Optional[Itera
         t = dp_breakdown(net, [f"cuda:{i}" for i in range(n)], global_batch, steps=3)
         inside = t["forward"] + t["backward + reduce"]
         outside = sum(t.values()) - inside
-    workers = getattr(loader, "num_workers", 0)
     return Facts(devices, peer, topology() if n >= 2 else {}, global_batch, strategy,
-                 loader_images_per_s(loader) if loader is not None else None,
-                 train_images_per_s, outside, inside, os.cpu_count() or 1, workers, width)
+                 loader_images_per_s(loader), train_images_per_s, outside, inside,
+                 os.cpu_count() or 1, getattr(loader, "num_workers", 0), width)

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .d2l import lazy_resnet18, train
+from .d2l import evaluate_accuracy_gpu, lazy_resnet18, train
 from ..data import load_fashion_mnist
 from ..devices import describe_devices
 from .files import record_header
@@ -43,19 +43,7 @@ def fixed_sample(train_iter, n: int = 2000) -> list:
     data = getattr(train_iter, "dataset", train_iter)       # the chapter's DataLoader, or ours
     idx = torch.arange(0, len(data.labels), max(1, len(data.labels) // n))[:n]
     x, y = data.images[idx].unsqueeze(1).float().div(255), data.labels[idx].to(torch.int64)
-    b = train_iter.batch_size
-    return [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
-
-
-def _correct(net: nn.Module, batches, device) -> float:
-    """Accuracy over `batches` in whatever mode `net` is in (no gradients)."""
-    correct = total = 0
-    with torch.no_grad():
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            correct += int((net(x).argmax(dim=1) == y).sum())
-            total += y.numel()
-    return correct / max(total, 1)
+    return list(zip(x.split(train_iter.batch_size), y.split(train_iter.batch_size)))
 
 
 def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
@@ -63,13 +51,10 @@ def bn_accuracies(model: nn.Module, test_iter, sample: list) -> dict:
     and large): `test_acc_batch` normalizes each test batch by its own statistics;
     `test_acc_recal` and `train_acc_recal` (on `sample`) recompute them over `sample`."""
     net = copy.deepcopy(getattr(model, "module", model))
-    device = next(net.parameters()).device
-    net.train()
-    batch = _correct(net, test_iter, device)
-    torch.optim.swa_utils.update_bn(sample, net, device=device)
-    net.eval()
-    return {"test_acc_batch": batch, "test_acc_recal": _correct(net, test_iter, device),
-            "train_acc_recal": _correct(net, sample, device)}
+    batch = evaluate_accuracy_gpu(net, test_iter, train_mode=True)
+    torch.optim.swa_utils.update_bn(sample, net, device=next(net.parameters()).device)
+    return {"test_acc_batch": batch, "test_acc_recal": evaluate_accuracy_gpu(net, test_iter),
+            "train_acc_recal": evaluate_accuracy_gpu(net, sample)}
 
 
 def bn_readings(net: nn.Module, train_iter, test_iter) -> dict:
@@ -94,29 +79,24 @@ def run_seed(seed: int, *, width: int, batch_size: int, lr: float, num_epochs: i
              train_limit: Optional[int], test_limit: Optional[int], source: str = "auto",
              conditions=CONDITIONS, devices=None, log: Optional[Callable[[str], None]] = None,
              save: Optional[Callable[[dict], None]] = None) -> list[dict]:
-    """The runs of one seed (`conditions`: of CONDITIONS and EXTRA), each a record with its
-    per-epoch test accuracy and, at the last epoch, BatchNorm's readings. `seed` seeds the
-    weights and the data order. Runs at B use `batch_size`, `lr` and the first of `devices`
-    (default: the CPU), those at 2B twice both and all of them. `save` gets each record as its
-    run ends; "reused" trains "first" again when only it is asked for, and returns only what was
-    asked."""
+    """The records of one seed's `conditions` (`seed` seeds the weights and the data order),
+    each saved as its run ends. Runs at B use the first of `devices` (default: the CPU), those at
+    2B all of them. "reused" trains "first" again when only it is asked for."""
     devices = list(devices or [torch.device("cpu")])
     data = {b: load_fashion_mnist(b, source=source, train_limit=train_limit,
                                   test_limit=test_limit, seed=seed)
             for b in (batch_size, 2 * batch_size)}
-    setting = dict(width=width, num_epochs=num_epochs, train_limit=train_limit,
-                   test_limit=test_limit, seed=seed)
     sample = fixed_sample(data[batch_size][0])       # the same images for every run
     records = []
 
     def one(condition: str, net: nn.Module, scale: int) -> None:
         train_iter, test_iter = data[scale * batch_size]
         used = devices[:1] if scale == 1 else devices
-        epoch = iter(range(1, num_epochs + 1))       # the readings cost a pass: last epoch only
-        out = train(net, used, train_iter, test_iter, scale * lr, num_epochs,
-                    check_bn=lambda model: (bn_accuracies(model, test_iter, sample)
-                                            if next(epoch) == num_epochs else {}))
-        config = {**setting, "batch_size": scale * batch_size, "lr": scale * lr}
+        out = train(net, used, train_iter, test_iter, scale * lr, num_epochs)
+        out.update((k, [v]) for k, v in bn_accuracies(net, test_iter, sample).items())
+        config = dict(width=width, num_epochs=num_epochs, train_limit=train_limit,
+                      test_limit=test_limit, seed=seed, batch_size=scale * batch_size,
+                      lr=scale * lr)
         rec = {**record_header(hardware=describe_devices(used), profile=None, config=config),
                "kind": KIND, "condition": condition, "data_source": train_iter.source, **out}
         if log is not None:

@@ -13,6 +13,7 @@ import copy
 import os
 import statistics
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -21,40 +22,34 @@ from torch import nn
 from ..devices import describe_devices, num_gpus, timed
 from ..hetero import HeteroDataParallel, forward_backward
 from ..perf.split_time import predict_hetero_step
+from .bench import images_per_second
 from .files import cpu_name
-
-SIMULATED = "SIMULATED"
 
 
 def measure_throughput(net: nn.Module, device, batch_size: int, *, steps: int = 5,
                        warmup: int = 2, slowdown: float = 1.0) -> float:
     """Images per second for forward plus backward on `device`, after `warmup` steps; on a
     copy, so `net` (its weights and BatchNorm statistics) is left untouched."""
-    device = torch.device(device)
     net = copy.deepcopy(net).to(device).train()
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch_size, 1, 28, 28, generator=g).to(device)
     y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
     loss_fn = nn.CrossEntropyLoss()
 
-    def one_step():
+    def step(x, y):
         net.zero_grad(set_to_none=True)
         forward_backward(net, x, y, loss_fn, slowdown=slowdown)
 
     for _ in range(warmup):
-        one_step()
-    with timed([device]) as t:
-        for _ in range(steps):
-            one_step()
-    return batch_size * steps / t.seconds
+        step(x, y)
+    return images_per_second(repeat((x, y)), steps, device, step)
 
 
 @contextlib.contextmanager
 def torch_threads(n: Optional[int]):
     """Run the body with `n` intra-op CPU threads (None: leave as is), then restore."""
     before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
+    torch.set_num_threads(n or before)
     try:
         yield
     finally:
@@ -78,9 +73,9 @@ def default_setup(slowdown: float = 3.0) -> HeteroSetup:
         return HeteroSetup(("cuda:0", "cpu"), ("GPU", "CPU"), (1.0, 1.0), None, False,
                            describe_devices(["cuda:0", "cpu"]))
     half = max(1, (os.cpu_count() or 2) // 2)
-    label = (f"{SIMULATED}: 2 replicas on {cpu_name()}, {half} thread(s) each; "
+    label = (f"SIMULATED: 2 replicas on {cpu_name()}, {half} thread(s) each; "
              f"replica B throttled {slowdown:g}x")
-    return HeteroSetup(("cpu", "cpu"), (f"A (fast, {SIMULATED})", f"B (slow, {SIMULATED})"),
+    return HeteroSetup(("cpu", "cpu"), ("A (fast, SIMULATED)", "B (slow, SIMULATED)"),
                        (1.0, float(slowdown)), half, True, label)
 
 
@@ -98,13 +93,12 @@ def median_seconds(fn: Callable[[], object], devices, steps: int) -> float:
 def measure_sync(hdp: HeteroDataParallel, *, steps: int = 5) -> float:
     """Seconds per step for the sync alone: gradients to the main device, weights back. The
     weights stay as they were (no optimizer step); every replica's gradients end cleared."""
-    everyone = list(range(len(hdp.devices)))
     for r in hdp.replicas:
         for p in r.parameters():
             p.grad = torch.ones_like(p)
 
     def sync():
-        hdp.reduce_grads(everyone)
+        hdp.reduce_grads(list(range(len(hdp.devices))))
         hdp.broadcast()
 
     seconds = median_seconds(sync, hdp.devices, steps)

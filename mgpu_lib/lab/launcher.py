@@ -28,8 +28,7 @@ SHUTDOWN_GRACE_S, POLL_S = 5, 0.2
 
 
 def check_nprocs(nprocs: int, backend: str) -> None:
-    """Refuse more processes than devices (nccl: one a GPU; gloo: one a core, though 2 on any
-    CPU): a DeviceError."""
+    """A DeviceError for more processes than devices (nccl: a GPU each; gloo: a core, or 2)."""
     cores = os.cpu_count() or 1
     if backend == "nccl" and nprocs > num_gpus():
         raise DeviceError(f"{nprocs} nccl processes need {nprocs} GPUs; this machine has "
@@ -126,10 +125,9 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto",
            collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, checkpoint=None,
            resume: bool = False, log=None) -> TrainResult:
     """Train `config` (its batch the global one) with the DDP program on `nprocs` processes;
-    rank 0's result. `log` gets rank 0's lines. No wall-clock limit unless `timeout_s` is
-    given: a rank that stops answering fails the job after `collective_timeout_s`. A
-    DeviceError (`check_nprocs`), a RankInputError (a rank refused its input) or a
-    LaunchError (a rank failed)."""
+    rank 0's result. `log` gets rank 0's lines. No wall-clock limit unless `timeout_s` is given:
+    a rank that stops answering fails the job after `collective_timeout_s`. A DeviceError
+    (`check_nprocs`), a RankInputError (a rank refused its input) or a LaunchError."""
     backend = choose_backend(backend)
     local_batch_size(config.batch_size, nprocs)          # refuse bad input before starting
     check_nprocs(nprocs, backend)

@@ -3,9 +3,8 @@
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import deque, namedtuple
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -71,11 +70,8 @@ def device_batches(images, labels, batch_size: int, *, device, seed: int = 0) ->
         yield augment_batch(x, g), y
 
 
-@dataclass(frozen=True)
-class PipelineResult:
-    name: str
-    load_ips: float     # images/s the input pipeline delivers on its own (moved to the device)
-    train_ips: float    # images/s of training steps fed by it
+# images/s the pipeline `name` delivers on its own (moved to the device), and of training fed by it
+PipelineResult = namedtuple("PipelineResult", "name load_ips train_ips")
 
 
 def pipelines(images, labels, batch_size: int, device) -> dict[str, Callable[[], Iterable]]:
@@ -92,7 +88,6 @@ def measure_pipelines(net: nn.Module, images, labels, batch_size: int, device, *
                       steps: int = 24) -> tuple[float, list[PipelineResult]]:
     """(compute-only images/s on one fixed batch, one `PipelineResult` per pipeline). Training
     (SGD) changes `net`; images: uint8 [N, 28, 28] on the CPU, N >= (steps + 2) x batch_size."""
-    device = torch.device(device)
     net = net.to(device).train()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()

@@ -38,19 +38,16 @@ def tree(pid: int) -> list:
     return []
 
 
-def stop_all(procs: list, grace_s: float = 5) -> None:
-    """Terminate `procs` (kill them, with no `grace_s`); after `grace_s`, kill the rest."""
+def stop_all(procs: list) -> None:
+    """Kill `procs` (those already gone are skipped)."""
     for p in procs:
-        with suppress(psutil.Error):
-            p.terminate() if grace_s else p.kill()
-    for p in psutil.wait_procs(procs, timeout=grace_s)[1]:
         with suppress(psutil.Error):
             p.kill()
 
 
 def stop(proc: subprocess.Popen) -> None:
     """Kill `proc` and what runs below it (what it was still starting is the reaper's)."""
-    stop_all(tree(proc.pid) + [psutil.Process(proc.pid)], grace_s=0)
+    stop_all(tree(proc.pid) + [psutil.Process(proc.pid)])
     proc.wait()
 
 
@@ -60,7 +57,7 @@ def kill_ranks(pid: int) -> set:
     for p in below:
         with suppress(psutil.Error, KeyError, ValueError):
             ranks.add(int(p.environ()["RANK"]))
-    stop_all(below, grace_s=0)
+    stop_all(below)
     return ranks
 
 
@@ -71,7 +68,7 @@ def kill_job(folder: str) -> None:
                   if (p.info["environ"] or {}).get(MARK) == folder]
         if not marked:
             return
-        stop_all(marked, grace_s=0)
+        stop_all(marked)
         psutil.wait_procs(marked, timeout=5)
 
 
