@@ -567,15 +567,6 @@ def test_record_accuracy_plans_and_caps_its_seeds(tmp_path, capsys, monkeypatch)
     assert "402 points is more than 200; pass --yes" in one_line(err)
 
 
-def test_a_time_that_is_no_time_is_refused_not_called_over_a_year():
-    """Before (issue 39): `pages.minutes(nan)` said 'over a year'."""
-    from mgpu_lib.book import pages
-    for bad in (float("nan"), -1.0):
-        with pytest.raises(ValueError, match="seconds is not a time"):
-            pages.minutes(bad)
-    assert pages.minutes(float("inf")) == "over a year" and pages.minutes(59) == "under a minute"
-
-
 def test_ex1_plan_refuses_a_folder_where_its_store_goes(tmp_path, monkeypatch):
     """Before (issue 39): `ex1_plan` where runs/ex1_smoke.jsonl is a folder was an
     IsADirectoryError traceback from its unlink."""

@@ -7,7 +7,7 @@ import torch
 
 from mgpu_lib.book import pages
 from mgpu_lib.book.pages import (PAGES, budget_s, ddp_process_counts, ex1_plan, expected_line,
-                            page_jobs, predict, prediction_rows, setup_page, span)
+                            page_jobs, predict, prediction_table, setup_page, span)
 from mgpu_lib.book.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_setup_page_on_this_cpu_keeps_the_profile(monkeypatch):
 
 
 def test_the_readme_table_rows():
-    rows = prediction_rows()
+    rows = [line.strip("| ").split(" | ") for line in prediction_table()[2:]]
     assert [r[0] for r in rows] == list(PAGES)
     assert dict((r[0], r[3]) for r in rows)["01_network"] == "none"
 
@@ -151,7 +151,7 @@ def test_the_readme_table_rows():
                                            ("0", "cuts (no budget)")])
 def test_the_table_names_the_budget_it_was_cut_to(minutes, says, monkeypatch):
     monkeypatch.setenv("MGPU_PAGE_BUDGET_MIN", minutes)
-    assert says in pages.prediction_header()[0]
+    assert says in pages.prediction_table()[0]
     pred = predict("ex1_hyperparameters", FULL, "Tesla T4", 1)
     if pred["cuts"]:
         assert f"trimmed to fit {minutes} min" in expected_line(pred)
@@ -195,8 +195,7 @@ def test_the_readme_table_is_what_the_pages_command_prints():
     """The README's page-time table is a prediction printed by `python -m mgpu_lib pages`,
     pasted; regenerate it when the model or a page changes."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    rows = ["| " + " | ".join(map(str, row)) + " |" for row in prediction_rows()]
-    missing = [r for r in rows if r not in readme]
+    missing = [r for r in prediction_table()[2:] if r not in readme]
     assert not missing, f"README's page-time table is stale; rerun `python -m mgpu_lib pages`: {missing}"
 
 

@@ -18,7 +18,6 @@ def test_mean_std_reads_diverged_not_nan():
     assert mean_std(3.41, math.nan) == "3.41"          # one seed: no spread to show
     assert mean_std(0.77, 0.05) == "0.770 ± 0.050"    # one precision down the column
     assert mean_std(50.0, 1.0) == "50.0 ± 1.0" and mean_std(1249.0, 3.0) == "1,250 ± 3"
-    assert mean_std(0.8, 0.1, diverged=True) == "diverged"
 
 
 def test_constant_column_moves_into_the_caption():

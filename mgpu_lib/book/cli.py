@@ -27,17 +27,16 @@ from typing import Optional, Sequence
 from ..lab.bench import bench, check_fits, format_bench
 from ..lab.d2l import chapter_data
 from ..data import DataError
-from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, check_fresh
+from ..ddp import CKPT_NAME, COLLECTIVE_TIMEOUT_S, Parser, add_flags, check_fresh
 from ..devices import DeviceError, num_gpus, try_gpu
-from .pages import minutes, prediction_header, prediction_rows
+from .pages import minutes, prediction_table, span
 from .profiles import active_profile, get_profile
-from .store import append, check_output, check_writable, save_result
+from .store import append, check_output, check_writable, plural, save_result
 from ..config import AUTO, channels_last_safe, is_number
-from ..ddp import Parser, add_flags
 from .flags import COUNT, POSITIVE_INT, POSITIVE_NUMBER, Check, argtype, on_cli
 from ..lab.launcher import LaunchError, launch
-from .sweep import (count_points, merge_vary, parse_seeds, parse_vary, plan_line, plural,
-                    predicted_sweep, sweep, unique, vary_keys)
+from .sweep import (count_points, merge_vary, parse_seeds, parse_vary, predicted_sweep, sweep,
+                    unique, vary_keys)
 from ..lab.trace import ONE_BUCKET_MB, Variant, summary_lines, trace_ddp
 from ..training import TrainConfig, train
 
@@ -71,8 +70,7 @@ def build_parser(config=TrainConfig) -> Parser:
     p.add_argument("--strategy", choices=["dp", "ddp"], default="dp",
                    help="dp: nn.DataParallel in one process (the chapter's); ddp: "
                         "DistributedDataParallel, one process per device")
-    p.add_argument("--nprocs", type=POSITIVE_INT,
-                   help="DDP processes (default: GPUs, else 2)")
+    p.add_argument("--nprocs", type=POSITIVE_INT, help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--checkpoint", help="DDP: folder for a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="DDP: continue from --checkpoint")
     p.add_argument("--timeout", type=TIMEOUT,
@@ -96,8 +94,7 @@ def build_parser(config=TrainConfig) -> Parser:
     p = command("bench", "the chapter's loop vs the fast loop, alternating")
     p.add_argument("--steps", type=POSITIVE_INT, default=5, help="timed steps per repeat")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=256)
-    p.add_argument("--width", type=POSITIVE_INT, default=64,
-                   help="ResNet width (64 = chapter)")
+    p.add_argument("--width", type=POSITIVE_INT, default=64, help="ResNet width (64 = chapter)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU, else the CPU)")
     p.add_argument("--repeats", type=POSITIVE_INT, default=3, help="alternating rounds")
     p.add_argument("--warmup-steps", type=POSITIVE_INT, default=2)
@@ -113,8 +110,7 @@ def build_parser(config=TrainConfig) -> Parser:
 
     p = command("trace", "a few DDP steps under torch.profiler: per-rank traces, all-reduce "
                          "overlap")
-    p.add_argument("--nprocs", type=POSITIVE_INT, default=2,
-                   help="DDP processes (default 2)")
+    p.add_argument("--nprocs", type=POSITIVE_INT, default=2, help="DDP processes (default 2)")
     p.add_argument("--profile", help="smoke, cpu or full: the width and global batch "
                                      "(default: MGPU_PROFILE, else by hardware)")
     p.add_argument("--bucket-cap-mb", type=BUCKET_CAP,
@@ -170,7 +166,11 @@ def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool) -
     """Print a sweep's plan; unless `yes`, a ValueError if it has more than `SWEEP_CAP` points
     or takes more than `SWEEP_HOURS` hours."""
     n, pred = count_points(vary, seeds), predicted_sweep(base, vary, seeds)
-    print(plan_line(base, vary, seeds, pred), flush=True)
+    factors = " x ".join(f"{k} {len(unique(v)[0])}" for k, v in vary.items())
+    when = "no time prediction here" if pred is None else (
+        f"predicted {span(*pred[:2])} on {pred[2]}, at most (stored points are skipped)")
+    print(f"plan: {plural(n, 'point')} ({factors} x seeds {len(unique(seeds)[0])}); {when}",
+          flush=True)
     if n > SWEEP_CAP and not yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
     if pred and pred[1] > SWEEP_HOURS * 3600 and not yes:
@@ -216,9 +216,7 @@ def _train_ddp(config, args):
 
 
 def cmd_pages(args) -> int:
-    """The README's table: each page's predicted time on a Colab T4 and on a 2-core CPU."""
-    header, rows = prediction_header(), prediction_rows()
-    print("\n".join(header + ["| " + " | ".join(map(str, row)) + " |" for row in rows]))
+    print("\n".join(prediction_table()))
     return 0
 
 
@@ -237,7 +235,6 @@ def check_trace_folder(out) -> None:
 
 
 def cmd_trace(args) -> int:
-    """Trace DDP steps; print what the traces measured and where they are."""
     config = (get_profile(args.profile) if args.profile else active_profile()).config()
     if args.accumulate > 1 and args.bucket_cap_mb is None:
         raise ValueError("--accumulate needs --bucket-cap-mb")
@@ -290,15 +287,13 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
-def _terminated(signum, frame):
-    raise Terminated("terminated (SIGTERM)")
-
-
 @contextmanager
 def sigterm_interrupts():
     """While inside, SIGTERM raises `Terminated` (a KeyboardInterrupt), so `finally` blocks run
     and the command says what it stopped."""
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    def stop(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:

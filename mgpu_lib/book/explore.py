@@ -60,10 +60,8 @@ def gpu_names() -> list[str]:
 
 def links(gpu: str) -> dict[str, LinkSpec]:
     """The links to choose for `gpu`: its machines' own (`pair_link`), PCIe, PCIe without P2P."""
-    spec, out = DEVICES[gpu], {}
-    for link in (pair_link(spec), LINKS[spec.pcie], LINKS[NO_P2P]):
-        out.setdefault(link.name, link)
-    return out
+    spec = DEVICES[gpu]
+    return {link.name: link for link in (pair_link(spec), LINKS[spec.pcie], LINKS[NO_P2P])}
 
 
 def _note(gpu: str, n: int, strategy: str, total: int, link: str) -> str:
@@ -112,8 +110,7 @@ def gpu_panel(v: dict) -> str:
                      for i, (name, p, c) in enumerate(zip(PARTS, v["parts"], COLORS)))
     return (f'<div class="mgpu-panel">'
             f'<p class="mgpu-big" aria-live="polite">Predicted: <b data-k="mid">{v["mid"]}</b> '
-            f's per epoch '
-            f'(band <b data-k="lo">{v["lo"]}</b> to <b data-k="hi">{v["hi"]}</b> s), '
+            f's per epoch (band <b data-k="lo">{v["lo"]}</b> to <b data-k="hi">{v["hi"]}</b> s), '
             f'<b data-k="speedup">{v["speedup"]}</b> times the speed of one such GPU; '
             f'global batch <b data-k="total">{v["total"]}</b>.</p>'
             f'<p>One step, at the middle of the band:</p>'
@@ -144,14 +141,14 @@ def _packed(v: dict, notes: dict) -> str:
 # Exercise 2: split a batch
 
 def split_values(gpu: str, slow: str, batch: int, sync: str, cpus: dict[str, float],
-                 pcie_sync: Callable[[DeviceSpec], float], width: int = 64) -> dict:
+                 pcie_sync: Callable[[DeviceSpec], float]) -> dict:
     """The ex2 panel's values for one pair of devices: for each `shard_grid` share of the second
     device, each shard's time and the step's (band middle, and band); and the GPU alone."""
     spec = DEVICES[gpu]
     sync_s = pcie_sync(spec) if sync == "the PCIe copy" else SYNCS[sync]
 
     def speeds(o=None) -> list[float]:
-        fast = batch / step_seconds(spec, batch, width, overheads=o)
+        fast = batch / step_seconds(spec, batch, overheads=o)
         return [fast, cpus[slow] if slow in cpus else fast / int(slow.split()[2])]
 
     mid = speeds()
@@ -197,9 +194,8 @@ def split_panel(v: dict, i: int) -> str:
         f'fill="currentColor">{_e(s)}</text>')
     return (f'<div class="mgpu-panel">'
             f'<p class="mgpu-big" aria-live="polite">Predicted step: <b data-k="mid">{p["mid"]}'
-            f'</b> ms (band '
-            f'<b data-k="lo">{p["lo"]}</b> to <b data-k="hi">{p["hi"]}</b>), against '
-            f'<b data-k="alone">{v["alone"][1]}</b> ms for the GPU alone: '
+            f'</b> ms (band <b data-k="lo">{p["lo"]}</b> to <b data-k="hi">{p["hi"]}</b>), '
+            f'against <b data-k="alone">{v["alone"][1]}</b> ms for the GPU alone: '
             f'<b data-k="speedup">{p["speedup"]}</b> times its speed (band '
             f'<b data-k="gain_lo">{p["gain_lo"]}</b> to <b data-k="gain_hi">{p["gain_hi"]}</b>'
             f', the two held at the same corner of the fit).</p>'
@@ -304,17 +300,15 @@ def _range(name: str, label: str, count: int, index: int, text: str) -> str:
 
 GPUS_TITLE = "What would N GPUs do? The step-time model's prediction, with its band"
 SPLIT_TITLE = "Split a batch: a GPU and a slower device, predicted"
-
-
 GPUS_DEFAULT_N = 2     # at 1 GPU the strategy, the batch's meaning and the link change nothing
 
 
-def gpus_explorer(gpu: str = "K80 (one GK210 die)", n: int = GPUS_DEFAULT_N,
-                  strategy: str = "DataParallel", mode: str = "per GPU",
-                  batch: int = 256) -> Explorer:
+def gpus_explorer() -> Explorer:
     """Exercise 1's explorer; each change calls `gpu_values` (the model's band and parts). It
-    opens at 2 GPUs, where every control changes the prediction."""
+    opens on K80 dies at 2 GPUs, where every control changes the prediction."""
     import ipywidgets as w
+    gpu, n, strategy, mode, batch = ("K80 (one GK210 die)", GPUS_DEFAULT_N, "DataParallel",
+                                     "per GPU", 256)
     link = next(iter(links(gpu)))
     c = dict(gpu=w.Dropdown(options=gpu_names(), value=gpu, description="GPU"),
              n=w.IntSlider(value=n, min=1, max=16, description="GPUs"),
@@ -345,10 +339,9 @@ def gpus_explorer(gpu: str = "K80 (one GK210 die)", n: int = GPUS_DEFAULT_N,
 
 
 def split_explorer(cpus: dict[str, float], pcie_sync: Callable[[DeviceSpec], float]) -> Explorer:
-    """Exercise 2's explorer, opening on a V100 and the first of `cpus`; each change calls
-    `split_values` (`split_sizes`, the step time `predict_hetero_step` gives at each share, the
-    GPU's band). `cpus`: name -> images/s; `pcie_sync(spec)`: the sync's seconds over the GPU's
-    PCIe link."""
+    """Exercise 2's explorer, opening on a V100 and the first of `cpus` (name -> images/s);
+    each change calls `split_values`. `pcie_sync(spec)`: the sync's seconds over the GPU's PCIe
+    link."""
     import ipywidgets as w
     slows = [*cpus, *(f"a device {k} times slower" for k in SLOWER)]
     gpu, batch, slow, sync = "V100 SXM2", 256, slows[0], SYNC_CHOICES[0]

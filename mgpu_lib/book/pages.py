@@ -7,7 +7,6 @@ CPUs on a CPU; autocast left out, so with tensor cores it errs long; plus `START
 another, 0 = no limit). It returns the lines the cell prints, cuts included."""
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -18,14 +17,17 @@ import torch
 
 from ..devices import num_gpus
 from .profiles import Profile, active_profile, banner, get_profile
-from .store import check_writable, read, recorded
+from .store import check_writable, plural, read, recorded
 from ..perf.runtime import Job, cpu_rates, cpu_seconds, gpu_band, gpu_seconds
 from ..perf.scaling import spec_for_name
 from .style import book_style
+from .flags import Check
 from ..training import TrainConfig
 
 BUDGET_MIN = 15.0
-MAX_BUDGET_MIN = 7 * 24 * 60      # a week: a longer page budget is a typo, not a plan
+# a week at most: a longer page budget is a typo, not a plan
+BUDGET = Check("a number of minutes from 0 (no limit) to 10,080 (a week)",
+               lambda v: 0 <= v <= 7 * 24 * 60, float)
 STARTUP_S = 20.0
 FULL_TRAIN, FULL_TEST = 60_000, 10_000
 MIN_TRAIN = 5_000           # trimming never goes below this many training images
@@ -34,7 +36,6 @@ MIN_TRAIN = 5_000           # trimming never goes below this many training image
 @dataclass(frozen=True)
 class Ex1Plan:
     """Exercise 1's sweeps under a profile: the base config, the values, and the stores.
-
     `store` is where the page reads its points (under `cpu` a shipped record, `recorded`, never
     written); new points go to `runs` in `./runs/`, never inside the package."""
     base: TrainConfig
@@ -65,8 +66,7 @@ def predict_jobs(jobs: Sequence[Job], gpu_name: Optional[str] = None
     if not rates:
         return None
     times = [cpu_seconds(jobs, r) for r in rates.values()]
-    return min(times), max(times), (f"a 2-core CPU like the {len(rates)} recorded "
-                                    + ("one" if len(rates) == 1 else "ones"))
+    return min(times), max(times), f"a 2-core CPU like the {plural(len(rates), 'recorded one')}"
 
 
 def ex1_plan(profile: Profile, *, fresh: bool = True) -> Ex1Plan:
@@ -180,23 +180,14 @@ def trim(page: str, profile: Profile, seconds, budget_s: float,
 def budget_s() -> float:
     """The page budget in seconds: `MGPU_PAGE_BUDGET_MIN` minutes (0: no limit), else 15."""
     text = os.environ.get("MGPU_PAGE_BUDGET_MIN", "").strip()
-    if not text:
-        return 60 * BUDGET_MIN
     try:
-        minutes = float(text)
-    except ValueError:
-        minutes = -1.0
-    if not 0 <= minutes <= MAX_BUDGET_MIN:     # nan and inf too
-        raise ValueError(f"MGPU_PAGE_BUDGET_MIN must be a number of minutes from 0 (no limit) "
-                         f"to {MAX_BUDGET_MIN:,} (a week), got {text!r}")
-    return 60 * minutes
+        return 60 * (BUDGET.parse(text) if text else BUDGET_MIN)
+    except ValueError as e:
+        raise ValueError(f"MGPU_PAGE_BUDGET_MIN {e}") from None
 
 
 def minutes(seconds: float) -> str:
-    """'under a minute', 'about 4 min', 'about 1.5 h', 'about 3 days', 'over a year'; a
-    ValueError for a time that is no time (negative, NaN)."""
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"{seconds!r} seconds is not a time")
+    """'under a minute', 'about 4 min', 'about 1.5 h', 'about 3 days', 'over a year'."""
     if seconds < 60:
         return "under a minute"
     if seconds < 90 * 60:
@@ -263,22 +254,18 @@ def setup_page(page: str) -> tuple[Profile, str]:
     return pred["profile"], banner(pred["profile"]) + "\n" + expected_line(pred)
 
 
-def prediction_header() -> list[str]:
-    """The Markdown header of `prediction_rows`' table, naming the budget it was cut to."""
-    budget = budget_s()
+def prediction_table() -> list[str]:
+    """The README's table, in Markdown lines: each page's predicted time range on a Colab T4
+    under `full` (as written, and trimmed to `budget_s()`, which the header names) and on the
+    recorded 2-core CPUs under `cpu`."""
+    budget, full, cpu = budget_s(), get_profile("full"), get_profile("cpu")
     cut = f"cut to fit {budget / 60:,g} min" if budget > 0 else "cuts (no budget)"
-    return [f"| page | T4, `full` as written | T4, `full` as run | {cut} | 2-core CPU, `cpu` |",
-            "|---|---|---|---|---|"]
-
-
-def prediction_rows() -> list[tuple]:
-    """For the README: each page's predicted time range on a Colab T4 under `full` (as written
-    and trimmed to `budget_s()`) and on the recorded 2-core CPUs under `cpu`."""
-    full, cpu = get_profile("full"), get_profile("cpu")
-    rows = []
+    lines = [f"| page | T4, `full` as written | T4, `full` as run | {cut} | 2-core CPU, `cpu` |",
+             "|---|---|---|---|---|"]
     for page in PAGES:
         as_is = predict(page, full, "Tesla T4", 1)
         untrimmed = [STARTUP_S + t for t in predict_jobs(page_jobs(page, full, 1), "T4")[:2]]
-        rows.append((page, span(*untrimmed), span(*as_is["seconds"]),
-                     "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"])))
-    return rows
+        row = (page, span(*untrimmed), span(*as_is["seconds"]),
+               "; ".join(as_is["cuts"]) or "none", span(*predict(page, cpu)["seconds"]))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines

@@ -69,14 +69,12 @@ def active_profile() -> Profile:
     return get_profile(name or ("full" if torch.cuda.is_available() else "cpu"))
 
 
-def banner(profile: Profile | None = None) -> str:
+def banner(p: Profile) -> str:
     """Short lines for a notebook's setup cell: the profile; the hardware and the precision the
     fast path picks on it; the mgpu_lib it runs (the version a Colab page installed)."""
-    p = profile or active_profile()
     precision = resolve_switches(p.train, try_gpu()).precision    # what "auto" picks here
     version = code_version()
     library = f"mgpu_lib {version['mgpu_lib'] or '(version unknown)'}" + (
         f", git {version['git']}" if version["git"] else "")
     return (f"profile: {p.name} ({p.about})\nhardware: {with_cpu_name(describe_devices())}; "
-            f"{precision}\n"
-            f"library: {library}")
+            f"{precision}\nlibrary: {library}")

@@ -20,16 +20,13 @@ from ..ddp import write_atomic, write_fully
 from ..lab.files import HEADER, stamp
 from ..training import TrainResult, check_out
 
-RECORDED_DIR = "recorded"     # the package's folder of shipped records
-
-
 class ResultsError(ValueError):
     """A store or output path that cannot be read or written; the message names it."""
 
 
 def recorded(name: str) -> Path:
     """The path of a record file shipped with the package, e.g. `recorded("ex1_cpu.jsonl")`."""
-    return Path(str(resources.files("mgpu_lib").joinpath(RECORDED_DIR, name)))
+    return Path(str(resources.files("mgpu_lib").joinpath("recorded", name)))
 
 
 def record_kind(rec: dict) -> str:

@@ -33,8 +33,7 @@ def book_style() -> None:
 
 def title(ax, text: str) -> None:
     """A title wrapped to a few short lines: what is plotted, not the hardware (the caption's)."""
-    if text:
-        ax.set_title("\n".join(textwrap.wrap(text, TITLE_CHARS)))
+    ax.set_title("\n".join(textwrap.wrap(text, TITLE_CHARS)))
 
 
 def legend_below(ax, handles: Optional[Sequence] = None, labels: Optional[Sequence] = None,

@@ -1,8 +1,5 @@
 """Resumable hyperparameter sweeps, stored as JSON Lines: every finished point survives.
 
-    python -m mgpu_lib sweep --vary lr=0.05,0.1,0.2 --seeds 0,1,2 --store runs/lr.jsonl --profile cpu
-    plan: 9 points (lr 3 x seeds 3); predicted about 3 to 9 min on a 2-core CPU like the 2 ...
-
 `sweep` trains `vary` x `seeds`, appending each point's record to the store under a file lock:
 two sweeps may share a store, a crash loses at most the point in flight, and a rerun skips every
 point stored (keyed by the full config and options) or in a read-only `recorded` store. A failed
@@ -25,12 +22,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import store as results
-from .store import plural       # the cli's and gpu_check's too
-from .pages import FULL_TEST, FULL_TRAIN, predict_jobs, span
+from .store import plural
+from .pages import FULL_TEST, FULL_TRAIN, predict_jobs
 from ..config import Switches
-from ..ddp import flag_name
 from .flags import COUNT, NONNEGATIVE_NUMBER, SEED, on_cli, read_setting
-from ..ddp import choose_backend, local_batch_size
+from ..ddp import choose_backend, flag_name, local_batch_size
 from ..devices import DeviceError, num_gpus, resolve_devices
 from ..lab.bench import check_fits
 from ..lab.d2l import chapter_data
@@ -182,19 +178,6 @@ def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
     return predict_jobs(sweep_jobs(base, vary, seeds), gpu)
 
 
-def plan_line(base: TrainConfig, vary: dict, seeds: Sequence[int],
-              pred: Optional[tuple[float, float, str]] = None) -> str:
-    """One line: the points, how they multiply, and their predicted time (`pred` if at hand)."""
-    factors = " x ".join(f"{k} {len(unique(v)[0])}" for k, v in vary.items())
-    line = (f"plan: {plural(count_points(vary, seeds), 'point')} ({factors} x seeds "
-            f"{len(unique(seeds)[0])})")
-    pred = pred or predicted_sweep(base, vary, seeds)
-    if pred is None:
-        return line + "; no time prediction here"
-    low, high, on = pred
-    return line + f"; predicted {span(low, high)} on {on}, at most (stored points are skipped)"
-
-
 # ---- the sweep -------------------------------------------------------------------------------
 
 def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int = 0) -> TrainResult:
@@ -216,12 +199,10 @@ def default_train(config: TrainConfig, warmup_epochs: float = 0.0, nprocs: int =
 
 def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), store,
           recorded=None, train_fn: Optional[Callable[..., TrainResult]] = None,
-          log: Optional[Callable[[str], None]] = None) -> list[TrainResult]:
-    """Train every point of `vary` x `seeds` not yet stored; return the points' records.
-
-    `vary` maps TrainConfig fields, `warmup_epochs` or `nprocs` to values; `store` is written
-    only if a point is new; `recorded` is only read. `train_fn(config, **options)` trains a
-    point (default `default_train`); `log` gets a line per point."""
+          log: Callable[[str], None] = lambda line: None) -> list[TrainResult]:
+    """Train each point of `vary` (TrainConfig fields, `warmup_epochs`, `nprocs`) x `seeds` in
+    neither `store` nor `recorded` (only read) by `train_fn(config, **options)` (default
+    `default_train`) and append it to `store`; `log` a line per point; return every record."""
     points = expand(base, vary, seeds)
     records = [r for r in (load_store(recorded) if recorded else []) + load_store(store)
                if r.status != "failed"]
@@ -247,9 +228,8 @@ def sweep(base: TrainConfig, vary: dict, *, seeds: Sequence[int] = (0, 1, 2), st
                 records.append(rec)
                 by_key[key] = rec
         out.append(rec)
-        if log:
-            log(f"{action:7s} {describe_point(config, options)}: {rec.status}, "
-                f"test acc {rec.final_test_acc:.3f}, {rec.sec_per_epoch:.1f} s/epoch")
+        log(f"{action:7s} {describe_point(config, options)}: {rec.status}, "
+            f"test acc {rec.final_test_acc:.3f}, {rec.sec_per_epoch:.1f} s/epoch")
     return out
 
 

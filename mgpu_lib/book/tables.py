@@ -20,18 +20,17 @@ class Table:
                  keep_constant: bool = False, records: Sequence = ()):
         self.headers = [str(h) for h in headers]
         self.rows = [[fmt(v) for v in row] for row in rows]
-        self.caption = caption
-        if synthetic(records):       # the runs behind the table: say so when they are not real
-            self.caption = f"{caption}; {SYNTHETIC}" if caption else SYNTHETIC
+        # the caption, then whether the runs behind the table are not real, then constant columns
+        notes = [caption, SYNTHETIC if synthetic(records) else ""]
         constant = [j for j in range(1, len(self.headers)) if not keep_constant
                     and len(self.rows) > 1 and len({row[j] for row in self.rows}) == 1
                     and self.rows[0][j]]
         if constant and len(constant) < len(self.headers) - 1:  # keep a column of values
-            notes = [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]
-            self.caption = "; ".join(([self.caption] if self.caption else []) + notes)
+            notes += [f"{self.headers[j]}: {self.rows[0][j]}" for j in constant]
             keep = [j for j in range(len(self.headers)) if j not in constant]
             self.headers = [self.headers[j] for j in keep]
             self.rows = [[row[j] for j in keep] for row in self.rows]
+        self.caption = "; ".join(filter(None, notes))
 
     def _repr_markdown_(self) -> str:
         lines = ["| " + " | ".join(self.headers) + " |",
@@ -66,10 +65,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def mean_std(mean: float, std: Optional[float] = None, *, diverged: bool = False) -> str:
+def mean_std(mean: float, std: Optional[float] = None) -> str:
     """"0.770 ± 0.050": the mean to three significant figures, the std to its decimals;
     "diverged" where there is no mean (every seed diverged); the mean alone without a std."""
-    if diverged or mean is None or math.isnan(mean):
+    if math.isnan(mean):
         return "diverged"
     mean = float(mean)  # three significant figures, trailing zeros kept: 0.770, not 0.77
     text = f"{mean:#.3g}".rstrip(".") if abs(mean) < 1000 else fmt(mean)

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from scipy import integrate, stats
 
-from .store import mean_std_se
+from .store import mean_std_se, plural
 
 try:  # myst-nb stores glued values for the book; Colab and plain Jupyter build no book
     from myst_nb import glue as _myst_glue
@@ -30,9 +30,8 @@ except ImportError:
 
 LEVEL = 0.95             # two-sided: a winner is named 1 time in 20 when there is none
 APART = "cannot be told apart"
-# The lesson layer's words for a verdict: templates with named arguments, so that a translated
-# edition fills the same numbers into its own words. `Verdict.plain` picks one; `str(verdict)`
-# is the full statement that the "How we know" dropdowns and the tables show.
+# `Verdict.plain`'s words: templates with named arguments, so that a translated edition fills
+# the same numbers into its own words.
 PLAIN = {
     "ahead": "{winner} is clearly ahead, by about {gap}{unit}",
     "apart": "these seeds cannot tell {a} and {b} apart",
@@ -57,8 +56,6 @@ def false_call_rate(n: int, cut: float) -> float:
 def power(dof: float, level: float = LEVEL) -> float:
     """How often the rule calls a true gap of t x the true standard error, with `dof` degrees
     of freedom: 0.68 at 1, 0.61 at 2, towards 0.50. P(|Z + t| > t sqrt(V / dof)), V ~ chi²(dof)."""
-    if not dof > 0:
-        return math.nan
     t = t_critical(dof, level)
 
     def called(v: float) -> float:
@@ -149,8 +146,7 @@ class Verdict:
         if self.n == 0:          # a side with no finished seed: there is no number to show
             return self.words
         unit = f" {self.unit}" if self.unit else ""
-        seeds = (f"{self.n} seed{'s' if self.n != 1 else ''}, "
-                 f"{'paired' if self.paired else 'unpaired'}")
+        seeds = f"{plural(self.n, 'seed')}, {'paired' if self.paired else 'unpaired'}"
         if not self.paired and not math.isnan(self.r):    # shared seeds, not worth pairing
             seeds += f", r = {self.r:+.2f}"
         if self.family > 1:
@@ -212,15 +208,12 @@ def _no_finished_seed(a, b, names) -> Verdict | None:
 
 def paired(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
            scale: float = 1.0, unit: str = "", lower_is_better: bool = False) -> Verdict:
-    """A against B over the seeds both hold (`a` and `b` map seed -> value).
-
-    `scale` multiplies the differences (100 turns accuracies into points); set
-    `lower_is_better` for times, so that the faster side is the one ahead."""
+    """A against B over the seeds both hold (`a` and `b` map seed -> value). `scale`
+    multiplies the differences (100 turns accuracies into points); set `lower_is_better` for
+    times, so that the faster side is the one ahead."""
     if (empty := _no_finished_seed(a, b, names)) is not None:
         return empty
-    seeds = sorted(set(a) & set(b))
-    x, y = [float(a[s]) for s in seeds], [float(b[s]) for s in seeds]
-    diffs = [scale * (p - q) for p, q in zip(x, y)]
+    diffs = [scale * (float(a[s]) - float(b[s])) for s in sorted(set(a) & set(b))]
     mean, _, se = mean_std_se(diffs)
     words = decide(mean, se, names, len(diffs), lower_is_better)
     return Verdict(tuple(names), mean, se, len(diffs), True, words, unit, len(diffs) - 1,
@@ -240,12 +233,8 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
     mean, se, n = ma - mb, math.hypot(sea, seb), min(len(a), len(b))
     # Welch-Satterthwaite: (sa²/na + sb²/nb)² / sum((s²/n)² / (n - 1)); nan below 2 a side
     va, vb = sea ** 2, seb ** 2
-    if n < 2:
-        dof = math.nan
-    elif va + vb == 0:
-        dof = float(len(a) + len(b) - 2)
-    else:
-        dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    dof = (math.nan if n < 2 else float(len(a) + len(b) - 2) if va + vb == 0
+           else (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)))
     words = decide(mean, se, names, n, lower_is_better, dof)
     return Verdict(tuple(names), mean, se, n, False, words, unit, dof, r=r)
 
@@ -253,10 +242,9 @@ def unpaired(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("
 def compare(a: Mapping, b: Mapping, names: tuple[str, str] = ("A", "B"), *,
             pair: bool = False, **kwargs) -> Verdict:
     """The book's verdict on two settings over seeds ({seed: value} each): Welch's unpaired
-    test, with the correlation kept (`Verdict.r`); paired only where the design pairs them
-    (`pair=True`: one network read two ways). Pairing is never chosen from the same runs it
-    then judges: with no true gap, about 1 in 4 of the comparisons such a pre-test sends to
-    pairing names a false winner at 3 to 5 seeds."""
+    test, with the correlation kept (`Verdict.r`); paired only by design (`pair=True`), never
+    by a pre-test on the same runs (with no true gap, 1 in 4 of the comparisons it pairs at 3
+    to 5 seeds names a false winner)."""
     if pair:
         return paired(a, b, names, **kwargs)
     return unpaired(list(a.values()), list(b.values()), names, r=correlation(a, b), **kwargs)
@@ -267,8 +255,7 @@ def holm(verdicts: Sequence[Verdict], level: float = LEVEL) -> list[Verdict]:
     false winner stays 1 - `level`); each comes back, in order, with the level it was held to."""
     m, alpha = len(verdicts), 1 - level
     order = sorted(range(m), key=lambda i: (math.isnan(verdicts[i].p), verdicts[i].p))
-    out: list = [None] * m
-    going = True
+    out, going = [None] * m, True
     for k, i in enumerate(order):
         v = verdicts[i]
         step = 1 - alpha / (m - k)
@@ -280,15 +267,13 @@ def holm(verdicts: Sequence[Verdict], level: float = LEVEL) -> list[Verdict]:
 
 def by_seed(records: Iterable, value: Callable = lambda r: r.final_test_acc) -> dict:
     """{seed: value(record)} for the finished records of one configuration."""
-    return {r.seed: value(r) for r in records if getattr(r, "status", "ok") == "ok"}
+    return {r.seed: value(r) for r in records if r.status == "ok"}
 
 
 def glue(name: str, value) -> None:
-    """Store `value` under `name` for the page's prose (`{glue:text}`name:.2f``), shown
-    nowhere else. A Verdict is stored twice: its plain words under `name` (the lesson layer)
-    and its full statement under `name_how` (the "How we know" dropdown). A numpy scalar is
-    stored as a Python number (myst-nb formats only what `literal_eval` reads); without
-    myst-nb this does nothing."""
+    """Store `value` under `name` for the page's prose, shown nowhere else: a Verdict as its
+    plain words, and its full statement under `name_how`; a numpy scalar as a Python number
+    (myst-nb formats only what `literal_eval` reads). Without myst-nb, nothing."""
     if isinstance(value, Verdict):
         glue(f"{name}_how", str(value))
         value = value.plain
