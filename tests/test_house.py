@@ -18,7 +18,7 @@ LINT = Path(sys.executable).with_name("lint-imports")
 # docstrings, comments or blank lines (docstrings are what a learner keeps). DESIGN.md's ceiling
 # is 800; CORE_CODE_LINES is a ratchet on the way there, lowered with each move, never raised.
 CORE_MODULES, CORE_CODE_LINES, CORE_CEILING = 9, 981, 800
-PACKAGE_LINES = 6490      # a ratchet; the package only grows by raising it on purpose
+PACKAGE_LINES = 6488      # a ratchet; the package only grows by raising it on purpose
 
 
 def library() -> list[Path]:

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     base = get_profile(args.profile).config(bf16=BF16_FLAG[args.bf16],
                                             norm_fp32=args.norm_fp32)
     store = args.store or RECORDED / f"accuracy_{args.profile}.jsonl"
-    vary, seeds = {"fast": [False, True]}, unique(args.seeds)[0]
+    vary, seeds = {"fast": [False, True]}, unique(args.seeds)
     try:
         check_plan(base, vary, seeds, args.yes)     # printed; too big without --yes: refused
         sweep(base, vary, seeds=seeds, store=store,

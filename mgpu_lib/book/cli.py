@@ -166,10 +166,10 @@ def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool) -
     """Print a sweep's plan; unless `yes`, a ValueError if it has more than `SWEEP_CAP` points
     or takes more than `SWEEP_HOURS` hours."""
     n, pred = count_points(vary, seeds), predicted_sweep(base, vary, seeds)
-    factors = " x ".join(f"{k} {len(unique(v)[0])}" for k, v in vary.items())
+    factors = " x ".join(f"{k} {len(unique(v))}" for k, v in vary.items())
     when = "no time prediction here" if pred is None else (
         f"predicted {span(*pred[:2])} on {pred[2]}, at most (stored points are skipped)")
-    print(f"plan: {plural(n, 'point')} ({factors} x seeds {len(unique(seeds)[0])}); {when}",
+    print(f"plan: {plural(n, 'point')} ({factors} x seeds {len(unique(seeds))}); {when}",
           flush=True)
     if n > SWEEP_CAP and not yes:
         raise ValueError(f"{n:,} points is more than {SWEEP_CAP}; pass --yes to train them all")
@@ -179,7 +179,7 @@ def check_plan(base: TrainConfig, vary: dict, seeds: Sequence[int], yes: bool) -
 
 
 def cmd_sweep(args) -> int:
-    seeds, base, vary = unique(args.seeds)[0], config_from_args(args), merge_vary(args.vary)
+    seeds, base, vary = unique(args.seeds), config_from_args(args), merge_vary(args.vary)
     check_plan(base, vary, seeds, args.yes)
     records = sweep(base, vary, seeds=seeds, store=args.store,
                     log=lambda line: print(line, flush=True))

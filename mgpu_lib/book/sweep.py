@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import Counter
 import json
 import math
 import time
@@ -78,10 +77,9 @@ def load_store(path) -> list[TrainResult]:
 
 # ---- the axes --------------------------------------------------------------------------------
 
-def unique(values: Sequence) -> tuple[list, list]:
-    """`values` once each, in order, and those given more than once (by ==: lr 1 is lr 1.0)."""
-    counts = Counter(values)
-    return list(counts), [v for v, n in counts.items() if n > 1]
+def unique(values: Sequence) -> list:
+    """`values` once each, in order (by ==: lr 1 is lr 1.0)."""
+    return list(dict.fromkeys(values))
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -123,19 +121,19 @@ def merge_vary(pairs) -> dict:
     vary: dict = {}
     for name, values in pairs:
         vary.setdefault(name, []).extend(values)
-    return {name: unique(values)[0] for name, values in vary.items()}
+    return {name: unique(values) for name, values in vary.items()}
 
 
 def count_points(vary: dict, seeds: Sequence[int]) -> int:
     """How many points `vary` x `seeds` has (each value once), without building them."""
-    return math.prod(len(unique(v)[0]) for v in vary.values()) * len(unique(seeds)[0])
+    return math.prod(len(unique(v)) for v in vary.values()) * len(unique(seeds))
 
 
 def expand(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[tuple[TrainConfig, dict]]:
     """The cartesian product of `vary` and `seeds`, each value once, longest runs first (so
     short ones derive); each key a config field (not the seed) or an option."""
     points = []
-    for values in itertools.product(*(unique(v)[0] for v in vary.values()), unique(seeds)[0]):
+    for values in itertools.product(*(unique(v) for v in vary.values()), unique(seeds)):
         chosen = dict(zip(vary, values[:-1]))
         options = {k: chosen.pop(k) for k in list(chosen) if k in OPTIONS}
         points.append((base.replace(**chosen, seed=values[-1]), options))
@@ -167,7 +165,7 @@ def sweep_jobs(base: TrainConfig, vary: dict, seeds: Sequence[int]) -> list[Job]
     return [Job("sweep", runs, width, batch, epochs, train or FULL_TRAIN, test or FULL_TEST,
                 devices=devices or max(1, num_gpus()))
             for batch, width, train, test, devices in itertools.product(
-                *(unique(vary.get(k, [getattr(base, k)]))[0] for k in SHAPE))]
+                *(unique(vary.get(k, [getattr(base, k)])) for k in SHAPE))]
 
 
 def predicted_sweep(base: TrainConfig, vary: dict, seeds: Sequence[int]
