@@ -41,7 +41,7 @@ def diverged(loss: float) -> bool:
 
 # The per-epoch lists of a run, in the order they are filled.
 METRICS = ("train_loss", "train_acc", "epoch_seconds", "images_per_second", "test_acc")
-# The same weights with BatchNorm's statistics checked (`bn_accuracies`), per epoch where recorded.
+# The same weights with BatchNorm's statistics checked (`lab.drop.bn_readings`), where recorded.
 BN_METRICS = ("test_acc_batch", "test_acc_recal", "train_acc_recal")
 PARTIAL = ".partial-"   # atomic writes' temporary files are `.NAME.partial-XXXX`: ours alone
 
@@ -62,7 +62,7 @@ class TrainResult:
     train_acc: list = field(default_factory=list)
     epoch_seconds: list = field(default_factory=list)
     images_per_second: list = field(default_factory=list)
-    test_acc_batch: list = field(default_factory=list)    # BN_METRICS, see bn_accuracies
+    test_acc_batch: list = field(default_factory=list)    # BN_METRICS (`readings=`)
     test_acc_recal: list = field(default_factory=list)
     train_acc_recal: list = field(default_factory=list)
     status: str = "ok"

@@ -192,10 +192,10 @@ def bench(*, width: int = 64, batch_size: int = 256, steps: int = 5, repeats: in
     # before allocating: the network, then the images (each made from 3 float32 28x28 arrays)
     images, free = batch_size * (warmup_steps + steps * repeats), usable_memory(device)
     check_fits(width, batch_size, 1, available=free)
-    if images * 3 * 4 * 28 * 28 > free - train_bytes(width, batch_size):
+    if (need := images * 3 * 4 * 28 * 28) > free - train_bytes(width, batch_size):
         raise ValueError(f"{images:,} images (batch {batch_size:,} times the steps) need about "
-                         f"{images * 3 * 4 * 28 * 28 / 1e9:,.0f} GB beside the network, and this "
-                         f"machine has {free / 1e9:.1f} GB; fewer steps or repeats")
+                         f"{need / 1e9:,.0f} GB beside the network, and this machine has "
+                         f"{free / 1e9:.1f} GB; fewer steps or repeats")
     fast = resolve_switches(TrainConfig(width=width, batch_size=batch_size, bf16=bf16,
                                         norm_fp32=norm_fp32), device)
     modes = measure({"reference": REFERENCE, "fast": fast}, width=width, batch_size=batch_size,
