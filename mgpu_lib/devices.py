@@ -19,28 +19,22 @@ def num_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _mps_available() -> bool:
-    return torch.backends.mps.is_available()
-
-
-def try_gpu(i: int = 0) -> torch.device:
-    """GPU `i` if it exists, else the CPU (as in D2L)."""
-    if num_gpus() >= i + 1:
-        return torch.device(f"cuda:{i}")
-    if i == 0 and _mps_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 def try_all_gpus() -> list[torch.device]:
     """All GPUs, or `[mps]`, or `[cpu]`: never empty (d2l-en 1.x's returns `[]` without a GPU,
     whatever its docstring says)."""
-    n = num_gpus()
-    if n:
+    if n := num_gpus():
         return [torch.device(f"cuda:{i}") for i in range(n)]
-    if _mps_available():
-        return [torch.device("mps")]
-    return [torch.device("cpu")]
+    return [torch.device("mps" if _mps_available() else "cpu")]
+
+
+def try_gpu(i: int = 0) -> torch.device:
+    """GPU `i` if it exists, else the CPU (as in D2L; an Apple GPU counts as GPU 0)."""
+    available = try_all_gpus()
+    return available[i] if i < len(available) else torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    return torch.backends.mps.is_available()
 
 
 def resolve_devices(n: Optional[int] = None) -> list[torch.device]:
@@ -81,9 +75,8 @@ def precision_records() -> list:
     `tools/gpu_check.py`'s bench): one row a GPU model and width, with the training images/s it
     measured for each precision ("tf32", "bf16", "fp16", ...) and its source."""
     from importlib import resources
-    text = resources.files("mgpu_lib").joinpath("recorded/precision.json").read_text(
-        encoding="utf-8")
-    return json.loads(text)
+    path = resources.files("mgpu_lib").joinpath("recorded/precision.json")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def measured_precision(device, width: int) -> Optional[str]:
@@ -92,15 +85,11 @@ def measured_precision(device, width: int) -> Optional[str]:
     launch-bound: one H200 ran bf16 autocast at 0.74x TF32 (issue 51), so peak FLOP/s cannot
     choose a precision; only a measurement may."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for row in precision_records():
-        if row["gpu"] == name and row["width"] == width:
-            rates = row["images_per_s"]
-            best = max(rates, key=rates.get)
-            return best if best in ("bf16", "fp16") else None
-    return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    rates = [row["images_per_s"] for row in precision_records()
+             if row["gpu"] == name and row["width"] == width]
+    best = max(rates[0], key=rates[0].get) if rates else None
+    return best if best in ("bf16", "fp16") else None
 
 
 def synchronize(devices) -> None:
