@@ -91,7 +91,8 @@ def write_atomic(path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as f:
-            write_fully(f.fileno(), data.encode() if isinstance(data, str) else data)
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
             os.fsync(f.fileno())        # a full disk can show only here
         os.replace(tmp, path)
     except OSError as e:        # one that says which file (a full disk says none)
@@ -99,13 +100,6 @@ def write_atomic(path, data) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
-
-
-def write_fully(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def check_fresh(folder) -> None:

@@ -99,14 +99,6 @@ class TrainResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "a train result") -> "TrainResult":
-        """A result from its JSON; a one-line ValueError if its fields are not a result's."""
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ValueError(f"{where} is not a train result ({e})") from None
-
 
 def check_out(path) -> None:
     """The one check of every writer of a run's result (`train --out`, the DDP program's
@@ -229,18 +221,15 @@ def fit(step: Callable, train_iter, result: TrainResult, epochs: range, devices,
 def backends(switches: Switches):
     """cuDNN's algorithm search (`cudnn.benchmark`) as the switches say, and TF32 for
     convolutions and matmuls where they ask for it (else torch's defaults), restored after."""
-    flags = [(torch.backends.cudnn, "benchmark", switches.cudnn_benchmark)]
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
+    cudnn.benchmark = switches.cudnn_benchmark
     if switches.tf32:
-        flags += [(torch.backends.cudnn, "allow_tf32", True),
-                  (torch.backends.cuda.matmul, "allow_tf32", True)]
-    before = [getattr(obj, name) for obj, name, _ in flags]
-    for obj, name, on in flags:
-        setattr(obj, name, on)
+        cudnn.allow_tf32 = matmul.allow_tf32 = True
     try:
         yield
     finally:
-        for (obj, name, _), value in zip(flags, before):
-            setattr(obj, name, value)
+        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before
 
 
 def load_data(config: TrainConfig, device, switches: Switches):

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from filelock import FileLock
 
-from ..ddp import write_atomic, write_fully
+from ..ddp import write_atomic
 from ..lab.files import HEADER, stamp
 from ..training import TrainResult, check_out
 
@@ -87,7 +87,10 @@ def as_run(d: dict, where: str) -> TrainResult:
     extra = {**{k: d[k] for k in SWEEP_KEYS if d.get(k)}, **(d.get("extra") or {})}
     header = set(HEADER) - {"hardware", "config"}       # which a run holds too
     run = {k: v for k, v in d.items() if k not in header and k not in SWEEP_KEYS}
-    return TrainResult.from_dict({**run, "extra": extra}, where)
+    try:
+        return TrainResult(**{**run, "extra": extra})
+    except TypeError as e:
+        raise ValueError(f"{where} is not a train result ({e})") from None
 
 
 def value(r: TrainResult, name: str):
@@ -103,6 +106,13 @@ def save_result(result: TrainResult, path) -> None:
 def load_result(path) -> TrainResult:
     """A run's result from its JSON file."""
     return as_run(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
+
+
+def write_fully(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def append(path, record: dict) -> None:

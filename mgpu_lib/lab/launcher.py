@@ -139,5 +139,4 @@ def launch(config: TrainConfig, nprocs: int, *, backend: str = "auto",
         args += ["--checkpoint", str(checkpoint)] + ["--resume"] * resume if checkpoint else []
         run_ranks(args, nprocs, job, env=rank_env(backend, nprocs), timeout_s=timeout_s,
                   log=log, done=out)
-        return TrainResult.from_dict(json.loads(out.read_text(encoding="utf-8")),
-                                     "the DDP job's result")
+        return TrainResult(**json.loads(out.read_text(encoding="utf-8")))   # the program's
