@@ -80,16 +80,14 @@ class TrainConfig:
         problems = [(n, f"an integer from {low} to 2**63 - 1", v is None and n in OPTIONAL
                      or _int(v) and low <= v <= SEED_MAX)
                     for n, low in lows.items() for v in [getattr(self, n)]]
-        switches = ("device_data", "channels_last", "bf16", "fp16", "cudnn_benchmark")
-        problems += [("lr", "a positive number", is_number(self.lr) and self.lr > 0),
-                     ("data_source", f"one of {', '.join(SOURCES)}", self.data_source in SOURCES),
-                     ("profile", "a name", isinstance(self.profile, str))]
-        problems += [(n, "true or false", isinstance(getattr(self, n), bool))
-                     for n in ("allow_synthetic", "fast", "norm_fp32")]
-        problems += [(n, "true, false or 'auto'", getattr(self, n) in (True, False, AUTO)
-                      and not _int(getattr(self, n))) for n in switches]
-        problems.append(("compile", "true, false, 'auto' or 'graphs'", self.compile in (
-            True, False, AUTO, GRAPHS) and not _int(self.compile)))
+        problems.append(("lr", "a positive number", is_number(self.lr) and self.lr > 0))
+        choices = {**dict.fromkeys(("allow_synthetic", "fast", "norm_fp32"), (True, False)),
+                   **dict.fromkeys(("device_data", "channels_last", "bf16", "fp16",
+                                    "cudnn_benchmark"), (True, False, AUTO)),
+                   "compile": (True, False, AUTO, GRAPHS), "data_source": SOURCES}
+        problems += [(n, "one of " + ", ".join(map(repr, c)), type(v) in (bool, str) and v in c)
+                     for n, c in choices.items() for v in [getattr(self, n)]]
+        problems.append(("profile", "a name", isinstance(self.profile, str)))
         for name, words, ok in problems:
             if not ok:
                 raise ValueError(f"{name} must be {words}, got {getattr(self, name)!r}")
