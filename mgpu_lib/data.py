@@ -27,8 +27,7 @@ FILES = {
     "test_images": ("t10k-images-idx3-ubyte", (10000, 28, 28)),
     "train_images": ("train-images-idx3-ubyte", (60000, 28, 28)),
 }
-CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat",
-           "sandal", "shirt", "sneaker", "bag", "ankle boot")
+NUM_CLASSES = 10        # t-shirt, trouser, pullover, dress, coat, sandal, shirt, sneaker, bag, boot
 SOURCES = ("auto", "local", "torchvision", "synthetic")
 
 
@@ -94,12 +93,12 @@ def synthetic_fashion_mnist(n_train: int = 60000, n_test: int = 10000,
     """Learnable stand-in data with Fashion-MNIST's shapes and dtypes: each image is its class's
     fixed random blob pattern, shifted by up to 2 pixels, plus noise."""
     g = torch.Generator().manual_seed(seed)
-    coarse = torch.rand(len(CLASSES), 1, 7, 7, generator=g)
+    coarse = torch.rand(NUM_CLASSES, 1, 7, 7, generator=g)
     templates = torch.nn.functional.interpolate(coarse, size=(28, 28), mode="bilinear",
                                                 align_corners=False)[:, 0] * 200
 
     def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = (torch.arange(n) % len(CLASSES))[torch.randperm(n, generator=g)]
+        labels = (torch.arange(n) % NUM_CLASSES)[torch.randperm(n, generator=g)]
         images = templates[labels]
         shifts = torch.randint(-2, 3, (2,), generator=g).tolist()
         images = torch.roll(images, shifts=shifts, dims=(1, 2))

@@ -64,20 +64,18 @@ class HeteroDataParallel:
         sizes = list(sizes) if sizes is not None else split_sizes(len(y), self.speeds)
         for r in self.replicas:
             r.zero_grad(set_to_none=True)
-        jobs, start = {}, 0
-        for i, n in enumerate(sizes):
-            if n:
-                jobs[i] = self._pool.submit(self._shard, i, x[start:start + n],
-                                            y[start:start + n], n / len(y), loss_fn)
-            start += n
-        outs = {i: job.result() for i, job in jobs.items()}
-        self.reduce_grads(list(jobs))
+        active = [i for i, n in enumerate(sizes) if n]
+        xs, ys = x.split(sizes), y.split(sizes)
+        jobs = [self._pool.submit(self._shard, i, xs[i], ys[i], sizes[i] / len(y), loss_fn)
+                for i in active]
+        outs = [job.result() for job in jobs]
+        self.reduce_grads(active)
         optimizer.step()
-        self._average_buffers(list(jobs), sizes)
+        self._average_buffers(active, sizes)
         self.broadcast()
         main = self.devices[0]
-        loss_sum = sum(outs[i][0].to(main) * sizes[i] for i in outs)
-        correct = sum(outs[i][1].to(main) for i in outs)
+        loss_sum = sum(loss.to(main) * sizes[i] for i, (loss, _) in zip(active, outs))
+        correct = sum(right.to(main) for _, right in outs)
         return loss_sum, correct
 
     def _shard(self, i: int, x, y, weight: float, loss_fn):

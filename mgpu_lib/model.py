@@ -45,8 +45,6 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn
     """The chapter's ResNet-18 (3x3 stride-1 stem, no max-pool), with its module names.
     `width` is the first stage's channels (then 2x, 4x, 8x): 64 is the chapter's model
     (11,175,818 parameters), 16 a CPU-friendly one of the same structure."""
-    if width < 1:
-        raise ValueError(f"width must be a positive integer, got {width}")
     w = width
     net = nn.Sequential(nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),
                         nn.BatchNorm2d(w), nn.ReLU())

@@ -17,8 +17,8 @@ LINT = Path(sys.executable).with_name("lint-imports")
 # Issue 50: the core (mgpu_lib/*.py but __init__ and __main__) is counted in lines of code, not
 # docstrings, comments or blank lines (docstrings are what a learner keeps). DESIGN.md's ceiling
 # is 800; CORE_CODE_LINES is a ratchet on the way there, lowered with each move, never raised.
-CORE_MODULES, CORE_CODE_LINES, CORE_CEILING = 9, 956, 800
-PACKAGE_LINES = 6467      # a ratchet; the package only grows by raising it on purpose
+CORE_MODULES, CORE_CODE_LINES, CORE_CEILING = 9, 951, 800
+PACKAGE_LINES = 6462      # a ratchet; the package only grows by raising it on purpose
 
 
 def library() -> list[Path]:
