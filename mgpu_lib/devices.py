@@ -86,8 +86,8 @@ def measured_precision(device, width: int) -> Optional[str]:
     choose a precision; only a measurement may."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    rates = [row["images_per_s"] for row in precision_records()
-             if row["gpu"] == name and row["width"] == width]
+    rows = precision_records() if name else []          # a CPU run reads no file
+    rates = [row["images_per_s"] for row in rows if row["gpu"] == name and row["width"] == width]
     best = max(rates[0], key=rates[0].get) if rates else None
     return best if best in ("bf16", "fp16") else None
 
